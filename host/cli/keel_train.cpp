@@ -1,0 +1,87 @@
+// keel-train: trains a job described by a TOML file.
+#include <torch/headeronly/version.h>
+
+#include <boost/program_options.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include <keel/keel.h>
+
+#include "common/error.hpp"
+#include "common/log.hpp"
+#include "common/text.hpp"
+#include "train/dry_run.hpp"
+#include "train/job.hpp"
+#include "train/trainer.hpp"
+
+namespace po = boost::program_options;
+
+namespace {
+
+int train(const keel::RunOptions& options) {
+  if (options.dry_run) {
+    keel::Job job(options, /*meta=*/true);
+    keel::print_dry_run(job);
+    return 0;
+  }
+  keel::Job job(options, /*meta=*/false);
+  std::string resolved = job.tree().resolved_toml();
+  std::filesystem::path run_dir = job.config().job.run_dir;
+  std::filesystem::create_directories(run_dir);
+  {
+    std::ofstream out(run_dir / "config.toml");
+    out << "# resolved configuration of " << options.config_path << "\n" << resolved;
+  }
+  keel::log_info(keel::cat("resolved configuration (saved to ", (run_dir / "config.toml").string(), "):\n", resolved));
+  keel::Trainer trainer(job);
+  keel::RunSummary summary = trainer.run();
+  std::string floor = summary.loss_floor ? keel::format(", floor %.4f", *summary.loss_floor) : std::string();
+  keel::log_info(keel::format("done: %ld steps, loss %.4f -> %.4f%s", static_cast<long>(summary.steps_done),
+                              summary.first_loss, summary.final_loss, floor.c_str()));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  po::options_description visible("Usage: keel-train --config FILE [options]");
+  visible.add_options()("help,h", "show this help")("version", "show versions")(
+      "config,c", po::value<std::string>(), "the job file (TOML)")(
+      "set", po::value<std::vector<std::string>>()->composing(), "override section.key=value (repeatable)")(
+      "plugin-path", po::value<std::vector<std::string>>()->composing(),
+      "a folder searched first for plugins (repeatable)")(
+      "dry-run", "build the model on the meta device, print its parts and parameter counts, exit");
+  po::variables_map vm;
+  try {
+    po::store(po::parse_command_line(argc, argv, visible), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::fprintf(stderr, "keel-train: %s\n%s", e.what(), keel::cat(visible).c_str());
+    return 2;
+  }
+  if (vm.count("help") != 0) {
+    std::cout << visible << "\nConfig reference: docs/config.md. Exit status: 0 done, 2 bad input, 1 failure.\n";
+    return 0;
+  }
+  if (vm.count("version") != 0) {
+    std::printf("keel-train %s (plugin ABI %d.%d, LibTorch %s)\n", KEEL_VERSION, KEEL_ABI_MAJOR, KEEL_ABI_MINOR,
+                TORCH_VERSION);
+    return 0;
+  }
+  keel::RunOptions options;
+  if (vm.count("config") != 0) options.config_path = vm["config"].as<std::string>();
+  if (vm.count("set") != 0) options.overrides = vm["set"].as<std::vector<std::string>>();
+  if (vm.count("plugin-path") != 0) options.plugin_dirs = vm["plugin-path"].as<std::vector<std::string>>();
+  options.dry_run = vm.count("dry-run") != 0;
+  try {
+    return train(options);
+  } catch (const keel::InputError& e) {
+    keel::log_line(keel::LogLevel::error, e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    keel::log_line(keel::LogLevel::error, e.what());
+    return 1;
+  }
+}

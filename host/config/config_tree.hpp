@@ -1,0 +1,99 @@
+// The job's TOML configuration with --set overrides, typed reads that remember what was read,
+// and error messages that name the key and its position ("job.toml:12: training.steps: ...").
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <toml.hpp>
+
+namespace keel {
+
+class ConfigSection;
+
+/// A parsed job file. Every read goes through a ConfigSection so that unread (unknown) keys
+/// can be reported and the resolved configuration (every key with its effective value)
+/// printed and saved.
+class ConfigTree {
+ public:
+  /// Parses a TOML file; a syntax error becomes an InputError with toml11's located message.
+  static ConfigTree from_file(const std::string& path);
+  /// Parses TOML text; `name` stands for the file name in messages.
+  static ConfigTree from_string(const std::string& text, const std::string& name);
+
+  /// Applies one "section.key=value" override (TOML value syntax; a bare word is a string).
+  void set(const std::string& assignment);
+  /// A view of the table `name` (empty when absent). Several views of one table may coexist.
+  ConfigSection section(const std::string& name);
+  /// Throws an InputError naming every key that was never read, with its position.
+  void check_all_read() const;
+  /// The resolved configuration as TOML: every key read, with its effective value.
+  std::string resolved_toml() const;
+  /// The file name given at parse time.
+  const std::string& source_name() const { return source_; }
+
+ private:
+  friend class ConfigSection;
+  ConfigTree(toml::value root, std::string source) : root_(std::move(root)), source_(std::move(source)) {}
+
+  const toml::value* find(const std::string& section, const std::string& key) const;
+  std::string where(const toml::value& value, const std::string& dotted) const;
+  void record(const std::string& section, const std::string& key, const toml::value& effective);
+  void collect_unread(const toml::value& table, const std::string& prefix, std::vector<std::string>& out) const;
+
+  toml::value root_;
+  std::string source_;
+  std::map<std::string, std::string> override_origin_;  // dotted key -> "--set a.b=c"
+  std::set<std::string> read_;                          // dotted keys
+  std::vector<std::pair<std::string, std::vector<std::pair<std::string, toml::value>>>> resolved_;
+};
+
+/// Typed access to one table of a ConfigTree. Getters with a fallback return it when the key
+/// is absent; a present key of the wrong type is an InputError naming key and position.
+class ConfigSection {
+ public:
+  ConfigSection(ConfigTree& tree, std::string name) : tree_(&tree), name_(std::move(name)) {}
+
+  /// The integer at `key`, or `fallback`.
+  int64_t integer(const std::string& key, int64_t fallback) const;
+  /// The number at `key` (an integer is accepted), or `fallback`.
+  double real(const std::string& key, double fallback) const;
+  /// The boolean at `key`, or `fallback`.
+  bool boolean(const std::string& key, bool fallback) const;
+  /// The string at `key`, or `fallback`.
+  std::string string(const std::string& key, const std::string& fallback) const;
+  /// The string at `key`; absent is an error naming the table.
+  std::string required_string(const std::string& key) const;
+  /// The string at `key`, which must be one of `choices`.
+  std::string choice(const std::string& key, const std::string& fallback, const std::vector<std::string>& choices) const;
+  /// The array of strings at `key`, or `fallback`.
+  std::vector<std::string> strings(const std::string& key, const std::vector<std::string>& fallback) const;
+  /// The array of numbers at `key`, or `fallback`.
+  std::vector<double> reals(const std::string& key, const std::vector<double>& fallback) const;
+  /// The array of integers at `key`, or `fallback`.
+  std::vector<int64_t> integers(const std::string& key, const std::vector<int64_t>& fallback) const;
+  /// Whether `key` is present (does not mark it read).
+  bool has(const std::string& key) const;
+
+  /// Throws an InputError "<position>: <section>.<key>: <why>".
+  [[noreturn]] void invalid(const std::string& key, const std::string& why) const;
+  /// "job.toml:12" for a present key, the table's position (or file) otherwise.
+  std::string where(const std::string& key) const;
+  /// "section.key".
+  std::string dotted(const std::string& key) const { return name_ + "." + key; }
+  /// The table's name.
+  const std::string& name() const { return name_; }
+
+ private:
+  const toml::value* lookup(const std::string& key) const;
+  [[noreturn]] void wrong_type(const std::string& key, const toml::value& value, const char* expected) const;
+
+  ConfigTree* tree_;
+  std::string name_;
+};
+
+}  // namespace keel

@@ -1,0 +1,133 @@
+#include "config/job_config.hpp"
+
+#include <cmath>
+#include <regex>
+
+#include "common/text.hpp"
+
+namespace keel {
+
+namespace {
+
+int64_t at_least(const ConfigSection& s, const std::string& key, int64_t fallback, int64_t minimum) {
+  int64_t value = s.integer(key, fallback);
+  if (value < minimum) s.invalid(key, cat("must be at least ", minimum, ", got ", value));
+  return value;
+}
+
+double in_range(const ConfigSection& s, const std::string& key, double fallback, double lo, double hi, bool hi_open) {
+  double value = s.real(key, fallback);
+  bool ok = std::isfinite(value) && value >= lo && (hi_open ? value < hi : value <= hi);
+  if (!ok) s.invalid(key, cat("must be in [", lo, ", ", hi, hi_open ? ")" : "]", ", got ", value));
+  return value;
+}
+
+ComponentChoice read_choice(ConfigTree& tree, const std::string& role, const std::string& default_plugin) {
+  ConfigSection s = tree.section(role);
+  ComponentChoice choice;
+  choice.plugin = default_plugin.empty() ? s.required_string("plugin") : s.string("plugin", default_plugin);
+  bool is_path = choice.plugin.find('/') != std::string::npos;
+  static const std::regex name_pattern("[a-z0-9_]+");
+  if (!is_path && !std::regex_match(choice.plugin, name_pattern))
+    s.invalid("plugin", cat("plugin names are [a-z0-9_]+ (or a path to a .so), got '", choice.plugin, "'"));
+  std::string stem = choice.plugin;
+  if (is_path) {
+    stem = stem.substr(stem.rfind('/') + 1);
+    if (stem.size() > 3 && stem.compare(stem.size() - 3, 3, ".so") == 0) stem.resize(stem.size() - 3);
+  }
+  choice.component = s.string("component", stem);
+  return choice;
+}
+
+}  // namespace
+
+JobConfig read_job_config(ConfigTree& tree, int world_size, bool cuda_available) {
+  JobConfig c;
+
+  ConfigSection job = tree.section("job");
+  c.job.name = job.string("name", "keel");
+  static const std::regex job_name("[A-Za-z0-9_.-]+");
+  if (!std::regex_match(c.job.name, job_name)) job.invalid("name", "use letters, digits, '_', '.', '-' only");
+  c.job.run_dir = job.string("run_dir", "runs/" + c.job.name);
+
+  c.model = read_choice(tree, "model", "");
+  c.clipper = read_choice(tree, "clipper", "norm_clipper");
+
+  ConfigSection par = tree.section("parallelism");
+  c.parallelism.pp = static_cast<int>(at_least(par, "pp", 1, 1));
+  c.parallelism.dp = static_cast<int>(at_least(par, "dp", 1, 1));
+  c.parallelism.ep = static_cast<int>(at_least(par, "ep", 1, 1));
+  c.parallelism.schedule = par.choice("schedule", "1f1b", {"1f1b", "gpipe"});
+  c.parallelism.microbatches = static_cast<int>(at_least(par, "microbatches", 1, 1));
+  if (c.parallelism.pp * c.parallelism.dp != world_size)
+    par.invalid(c.parallelism.dp != 1 || !par.has("pp") ? "dp" : "pp",
+                cat("pp x dp = ", c.parallelism.pp, " x ", c.parallelism.dp, " = ", c.parallelism.pp * c.parallelism.dp,
+                    ", but the job runs ", world_size, " rank(s) (WORLD_SIZE)"));
+  if (c.parallelism.dp % c.parallelism.ep != 0)
+    par.invalid("ep", cat("ep must divide dp; ep = ", c.parallelism.ep, ", dp = ", c.parallelism.dp));
+
+  ConfigSection tr = tree.section("training");
+  c.training.steps = at_least(tr, "steps", 100, 1);
+  c.training.seq_len = at_least(tr, "seq_len", 128, 1);
+  c.training.global_batch = at_least(tr, "global_batch", 8, 1);
+  int64_t seed = at_least(tr, "seed", 0, 0);
+  c.training.seed = static_cast<uint64_t>(seed);
+  c.training.dtype = tr.choice("dtype", "fp32", {"fp32"});
+  c.training.device = tr.choice("device", "cpu", {"auto", "cpu", "cuda"});
+  if (c.training.device == "auto") c.training.device = cuda_available ? "cuda" : "cpu";
+  if (c.training.device == "cuda" && !cuda_available)
+    tr.invalid("device", "'cuda' was asked for, but this LibTorch sees no CUDA device (use \"auto\" or \"cpu\")");
+  c.training.threads = static_cast<int>(at_least(tr, "threads", 0, 0));
+  int64_t ranks_per_step = int64_t{c.parallelism.dp} * c.parallelism.microbatches;
+  if (c.training.global_batch % ranks_per_step != 0)
+    tr.invalid("global_batch", cat("must be divisible by dp x microbatches = ", ranks_per_step, ", got ",
+                                   c.training.global_batch));
+
+  ConfigSection opt = tree.section("optimizer");
+  opt.choice("name", "adamw", {"adamw"});
+  c.optimizer.lr = opt.real("lr", 3e-4);
+  if (!(c.optimizer.lr > 0) || !std::isfinite(c.optimizer.lr)) opt.invalid("lr", cat("must be positive, got ", c.optimizer.lr));
+  std::vector<double> betas = opt.reals("betas", {0.9, 0.95});
+  if (betas.size() != 2 || !(betas[0] >= 0 && betas[0] < 1) || !(betas[1] >= 0 && betas[1] < 1))
+    opt.invalid("betas", "must be two numbers in [0, 1), e.g. [0.9, 0.95]");
+  c.optimizer.beta1 = betas[0];
+  c.optimizer.beta2 = betas[1];
+  c.optimizer.eps = opt.real("eps", 1e-8);
+  if (!(c.optimizer.eps > 0)) opt.invalid("eps", cat("must be positive, got ", c.optimizer.eps));
+  c.optimizer.weight_decay = in_range(opt, "weight_decay", 0.1, 0.0, 1.0, false);
+  c.optimizer.no_decay = opt.strings("no_decay", {"*norm*", "*bias"});
+  c.optimizer.graph_capture = opt.choice("graph_capture", "auto", {"auto", "on", "off"});
+  if (c.optimizer.graph_capture == "on")
+    opt.invalid("graph_capture", c.training.device == "cpu"
+                                     ? "\"on\" needs training.device = \"cuda\"; CPU runs the step program eagerly (use \"auto\")"
+                                     : "capture of the step program is not available in this version; use \"auto\" (eager)");
+
+  ConfigSection lr = tree.section("lr_scheduler");
+  c.lr_scheduler.warmup_steps = at_least(lr, "warmup_steps", 0, 0);
+  if (c.lr_scheduler.warmup_steps > c.training.steps)
+    lr.invalid("warmup_steps", cat("exceeds training.steps (", c.training.steps, ")"));
+  c.lr_scheduler.decay = lr.choice("decay", "cosine", {"cosine", "linear", "constant"});
+  c.lr_scheduler.min_lr_ratio = in_range(lr, "min_lr_ratio", 0.1, 0.0, 1.0, false);
+
+  ConfigSection data = tree.section("data");
+  c.data.source = data.choice("source", "synthetic", {"synthetic", "tokens"});
+  if (c.data.source == "tokens") {
+    c.data.path = data.required_string("path");
+  } else {
+    c.data.branching = at_least(data, "branching", 4, 1);
+  }
+  c.data.seed = static_cast<uint64_t>(at_least(data, "seed", seed, 0));
+
+  ConfigSection ck = tree.section("checkpoint");
+  c.checkpoint.save_final = ck.boolean("save_final", true);
+
+  ConfigSection met = tree.section("metrics");
+  c.metrics.log_interval = at_least(met, "log_interval", 10, 1);
+  c.metrics.jsonl = met.boolean("jsonl", true);
+
+  ConfigSection dbg = tree.section("debug");
+  c.debug.replica_check_interval = at_least(dbg, "replica_check_interval", 0, 0);
+  return c;
+}
+
+}  // namespace keel

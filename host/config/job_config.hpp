@@ -1,0 +1,96 @@
+// The host's view of a job file: every host-owned section, typed and validated. The model and
+// clipper tables are read by their plugins through the host API; only `plugin` and
+// `component` are the host's. docs/config.md documents every key.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config/config_tree.hpp"
+
+namespace keel {
+
+/// Which plugin component fills a role ([model] or [clipper]).
+struct ComponentChoice {
+  std::string plugin;     ///< plugin name ([a-z0-9_]+) or a path to a .so
+  std::string component;  ///< component name; defaults to the plugin's name
+};
+
+struct JobSection {
+  std::string name;
+  std::string run_dir;
+};
+
+struct ParallelismSection {
+  int pp = 1, dp = 1, ep = 1;
+  std::string schedule = "1f1b";
+  int microbatches = 1;
+};
+
+struct TrainingSection {
+  int64_t steps = 0;
+  int64_t seq_len = 0;
+  int64_t global_batch = 0;
+  uint64_t seed = 0;
+  std::string dtype = "fp32";
+  std::string device = "cpu";  ///< resolved: "cpu" or "cuda"
+  int threads = 0;  ///< 0 = LibTorch's default
+};
+
+struct OptimizerSection {
+  double lr = 3e-4;
+  double beta1 = 0.9, beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  std::vector<std::string> no_decay;  ///< FQN globs excluded from weight decay
+  std::string graph_capture = "auto";
+};
+
+struct LrSchedulerSection {
+  int64_t warmup_steps = 0;
+  std::string decay = "cosine";
+  double min_lr_ratio = 0.1;
+};
+
+struct DataSection {
+  std::string source = "synthetic";
+  std::string path;
+  int64_t branching = 4;
+  uint64_t seed = 0;
+};
+
+struct CheckpointSection {
+  bool save_final = true;
+};
+
+struct MetricsSection {
+  int64_t log_interval = 10;
+  bool jsonl = true;
+};
+
+struct DebugSection {
+  int64_t replica_check_interval = 0;
+};
+
+/// Every host-owned setting of a job.
+struct JobConfig {
+  JobSection job;
+  ComponentChoice model;
+  ComponentChoice clipper;
+  ParallelismSection parallelism;
+  TrainingSection training;
+  OptimizerSection optimizer;
+  LrSchedulerSection lr_scheduler;
+  DataSection data;
+  CheckpointSection checkpoint;
+  MetricsSection metrics;
+  DebugSection debug;
+};
+
+/// Reads and validates the host sections for a world of `world_size` ranks; training.device
+/// "auto" resolves to "cuda" when `cuda_available`. Impossible values and combinations are
+/// InputErrors naming the key and its position.
+JobConfig read_job_config(ConfigTree& tree, int world_size, bool cuda_available);
+
+}  // namespace keel

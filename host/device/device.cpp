@@ -1,0 +1,47 @@
+#include "device/device.hpp"
+
+#include <sys/resource.h>
+
+#include <string>
+
+#ifdef KEEL_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+namespace keel {
+
+bool cuda_available() {
+#ifdef KEEL_WITH_CUDA
+  return c10::cuda::device_count() > 0;
+#else
+  return false;
+#endif
+}
+
+at::Device resolve_device(const std::string& kind, int local_rank) {
+  if (kind == "cuda") return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
+  return at::Device(at::kCPU);
+}
+
+double peak_memory_bytes(const at::Device& device) {
+#ifdef KEEL_WITH_CUDA
+  if (device.is_cuda()) {
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    return static_cast<double>(stats.allocated_bytes[0].peak);
+  }
+#endif
+  (void)device;
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) * 1024.0;
+}
+
+void synchronize(const at::Device& device) {
+#ifdef KEEL_WITH_CUDA
+  if (device.is_cuda()) c10::cuda::device_synchronize();
+#endif
+  (void)device;
+}
+
+}  // namespace keel

@@ -1,0 +1,18 @@
+// The device a rank trains on, reached only through LibTorch's own APIs.
+#pragma once
+
+#include <ATen/ATen.h>
+
+namespace keel {
+
+/// Whether this LibTorch sees a CUDA device.
+bool cuda_available();
+/// "cpu" -> CPU; "cuda" -> cuda:local_rank.
+at::Device resolve_device(const std::string& kind, int local_rank);
+/// Peak memory of this process on `device` so far: the CUDA caching allocator's peak, or the
+/// process's peak resident set on CPU.
+double peak_memory_bytes(const at::Device& device);
+/// Waits for queued work on `device` (timing only; never inside a step).
+void synchronize(const at::Device& device);
+
+}  // namespace keel

@@ -1,0 +1,50 @@
+// The process mesh: pipeline x data parallel ranks, experts sharded over ep | dp. The layout
+// rule is computed here once: rank = pp_index * dp + dp_index, ep_index = dp_index % ep.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include <keel/keel.h>
+
+#include "mesh/group.hpp"
+
+namespace keel {
+
+/// One rank's coordinates in a pp x dp mesh with ep | dp.
+struct MeshLayout {
+  int pp = 1, dp = 1, ep = 1;
+  int rank = 0;
+  int pp_index = 0, dp_index = 0, ep_index = 0, edp_index = 0;
+
+  /// Ranks in the world.
+  int world() const { return pp * dp; }
+  /// Data-parallel replicas of each expert shard.
+  int edp() const { return dp / ep; }
+  /// The coordinates of `rank`; throws std::invalid_argument on an impossible layout.
+  static MeshLayout compute(int pp, int dp, int ep, int rank);
+  /// World rank of the mesh point (pp_index, dp_index).
+  int rank_of(int pp_index, int dp_index) const { return pp_index * dp + dp_index; }
+  /// The ABI view.
+  keel_mesh_info info() const;
+};
+
+/// The mesh's groups for this rank, and sub-groups plugins create during setup.
+class Mesh {
+ public:
+  /// Builds the groups of `layout`; this version runs meshes of one rank only.
+  explicit Mesh(const MeshLayout& layout);
+  /// This rank's layout.
+  const MeshLayout& layout() const { return layout_; }
+  /// The group of that kind.
+  Group& group(keel_group_kind kind);
+  /// A sub-group of the given world ranks; nullptr when this rank is not a member.
+  Group* new_group(const std::vector<int>& world_ranks);
+
+ private:
+  MeshLayout layout_;
+  std::vector<std::unique_ptr<Group>> groups_;  // by keel_group_kind
+  std::vector<std::unique_ptr<Group>> sub_groups_;
+};
+
+}  // namespace keel

@@ -1,0 +1,39 @@
+#include "metrics/metrics_log.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include "common/log.hpp"
+#include "common/text.hpp"
+
+namespace keel {
+
+MetricsLog::MetricsLog(const std::string& jsonl_path) {
+  if (jsonl_path.empty()) return;
+  jsonl_.emplace(jsonl_path, std::ios::app);
+  if (!*jsonl_) throw std::runtime_error(cat("cannot open ", jsonl_path, " for writing"));
+}
+
+void MetricsLog::write(const StepRecord& r) {
+  std::string line = format("step %ld/%ld | loss %.4f | grad_norm %.4f | lr %.3e | %s tok/s | eta %s | mem %s",
+                            static_cast<long>(r.step), static_cast<long>(r.total_steps), r.loss, r.grad_norm, r.lr,
+                            human_count(r.tokens_per_second).c_str(), human_duration(r.eta_seconds).c_str(),
+                            human_bytes(r.peak_memory_bytes).c_str());
+  for (const auto& [name, value] : r.plugin_metrics) line += format(" | %s %.4f", name.c_str(), value);
+  if (r.skipped) line += " | update skipped (non-finite gradients)";
+  log_info(line);
+  if (!jsonl_) return;
+  nlohmann::ordered_json j;
+  j["step"] = r.step;
+  j["loss"] = r.loss;
+  j["grad_norm"] = r.grad_norm;
+  j["lr"] = r.lr;
+  j["tokens_per_second"] = r.tokens_per_second;
+  j["eta_seconds"] = r.eta_seconds;
+  j["peak_memory_bytes"] = r.peak_memory_bytes;
+  j["skipped"] = r.skipped;
+  for (const auto& [name, value] : r.plugin_metrics) j[name] = value;
+  *jsonl_ << j.dump() << '\n';
+  jsonl_->flush();
+}
+
+}  // namespace keel

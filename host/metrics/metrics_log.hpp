@@ -1,0 +1,34 @@
+// The step log: a human line every metrics.log_interval steps and the same record as one JSON
+// object per line in <run_dir>/metrics.jsonl.
+#pragma once
+
+#include <fstream>
+#include <map>
+#include <optional>
+#include <string>
+
+namespace keel {
+
+/// One logged step.
+struct StepRecord {
+  int64_t step = 0, total_steps = 0;
+  double loss = 0, grad_norm = 0, lr = 0;
+  double tokens_per_second = 0, eta_seconds = 0;
+  double peak_memory_bytes = 0;
+  bool skipped = false;  ///< the update was skipped (non-finite gradients)
+  std::map<std::string, double> plugin_metrics;
+};
+
+/// Writes step records to the log and to metrics.jsonl.
+class MetricsLog {
+ public:
+  /// `jsonl_path` empty disables the JSON lines file.
+  explicit MetricsLog(const std::string& jsonl_path);
+  /// Logs one step.
+  void write(const StepRecord& record);
+
+ private:
+  std::optional<std::ofstream> jsonl_;
+};
+
+}  // namespace keel

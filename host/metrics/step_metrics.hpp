@@ -1,0 +1,33 @@
+// Named scalars that components report during a step. Values stay device tensors until the
+// step is logged, so reporting never synchronises with the device.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <string>
+
+#include <keel/keel.h>
+
+namespace keel {
+
+/// Per-step accumulators of reported metrics.
+class StepMetrics {
+ public:
+  /// Adds one report of `name` (a scalar tensor, detached here).
+  void report(const std::string& name, const at::Tensor& value, keel_metric_reduce reduce);
+  /// The reduced values of this step, read from the device.
+  std::map<std::string, double> resolve() const;
+  /// Forgets this step's reports.
+  void clear() { entries_.clear(); }
+
+ private:
+  struct Entry {
+    at::Tensor value;
+    keel_metric_reduce reduce = KEEL_METRIC_MEAN;
+    int64_t count = 0;
+  };
+  std::map<std::string, Entry> entries_;
+};
+
+}  // namespace keel

@@ -1,0 +1,52 @@
+// AdamW through ATen's fused kernel (at::_fused_adamw_), with a tensor learning rate, device
+// step counts and a device found-inf flag, so a step never reads device data on the host.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <vector>
+
+namespace keel {
+
+struct AdamWOptions {
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.0;
+};
+
+/// One parameter under the optimizer.
+struct OptimParam {
+  std::string fqn;
+  at::Tensor param;  ///< the parameter (its .grad() is read)
+  bool decay = true; ///< weight decay applies
+};
+
+/// AdamW state and step. Parameters with and without weight decay are stepped as two fused
+/// groups; every tensor list is built once.
+class AdamW {
+ public:
+  AdamW(std::vector<OptimParam> params, AdamWOptions options);
+  /// One update with learning rate `lr` (0-dim tensor on the parameters' device); when
+  /// `found_inf` (0-dim float, 1.0 = skip) is set the update and the step count are skipped
+  /// on device.
+  void step(const at::Tensor& lr, const at::Tensor& found_inf);
+  /// The managed parameters, in order.
+  const std::vector<OptimParam>& params() const { return params_; }
+  /// First moments, by parameter.
+  const std::vector<at::Tensor>& exp_avg() const { return exp_avg_; }
+  /// Second moments, by parameter.
+  const std::vector<at::Tensor>& exp_avg_sq() const { return exp_avg_sq_; }
+  /// Step counts (0-dim float tensors), by parameter.
+  const std::vector<at::Tensor>& steps() const { return steps_; }
+
+ private:
+  struct Group {
+    double weight_decay = 0;
+    std::vector<at::Tensor> params, grads, exp_avg, exp_avg_sq, steps;
+  };
+  std::vector<OptimParam> params_;
+  AdamWOptions options_;
+  std::vector<at::Tensor> exp_avg_, exp_avg_sq_, steps_;
+  std::vector<Group> groups_;
+};
+
+}  // namespace keel

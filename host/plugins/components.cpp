@@ -1,0 +1,174 @@
+#include "plugins/components.hpp"
+
+#include <keel/keel.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+#include <stdexcept>
+
+#include "common/error.hpp"
+#include "common/text.hpp"
+#include "config/config_tree.hpp"
+
+namespace keel {
+
+namespace {
+
+// OBS style: copy a versioned struct into a zeroed one of this host's size, so fields a
+// plugin's older SDK lacks read as NULL/0 and nothing beyond its struct_size is read.
+template <class T>
+T copy_versioned(const void* source) {
+  T out{};
+  size_t size = *static_cast<const size_t*>(source);
+  std::memcpy(&out, source, std::min(size, sizeof(T)));
+  out.struct_size = sizeof(T);
+  return out;
+}
+
+ParamRef to_ref(const keel_param_info* info, const std::string& owner) {
+  if (info == nullptr || info->struct_size < offsetof(keel_param_info, active_fraction))
+    throw std::runtime_error(cat(owner, ": a parameter entry is NULL or older than ABI 1.0"));
+  keel_param_info full = copy_versioned<keel_param_info>(info);
+  if (full.fqn == nullptr || full.fqn[0] == '\0') throw std::runtime_error(cat(owner, ": a parameter has no FQN"));
+  if (full.tensor == nullptr || !keel::tensor(full.tensor).defined())
+    throw std::runtime_error(cat(owner, ": parameter '", full.fqn, "' has no tensor"));
+  ParamRef ref;
+  ref.fqn = full.fqn;
+  ref.tensor = &keel::tensor(full.tensor);
+  ref.flags = full.flags;
+  ref.shard_dim = full.shard_dim;
+  ref.shard_offset = full.shard_offset;
+  ref.global_dim_size = full.global_dim_size;
+  ref.active_fraction = info->struct_size > offsetof(keel_param_info, active_fraction) ? full.active_fraction : 1.0;
+  ref.module_group = full.module_group != nullptr ? full.module_group : "main";
+  ref.raw = info;
+  return ref;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ ModelPart
+
+ModelPart::ModelPart(Model& model, keel_part* raw, const keel_part_spec& spec) : model_(model), raw_(raw), spec_(spec) {
+  parameters_ = list(false);
+  buffers_ = list(true);
+}
+
+std::vector<ParamRef> ModelPart::list(bool buffers) {
+  const keel_param_info* const* entries = nullptr;
+  size_t count = 0;
+  auto call = buffers ? model_.vtable().buffers : model_.vtable().parameters;
+  model_.context().check(call(raw_, &entries, &count), buffers ? "buffers" : "parameters");
+  std::vector<ParamRef> out;
+  std::set<std::string> seen;
+  std::string owner = cat(model_.context().label(), " part ", spec_.stage_index);
+  for (size_t i = 0; i < count; ++i) {
+    out.push_back(to_ref(entries[i], owner));
+    if (!seen.insert(out.back().fqn).second)
+      throw std::runtime_error(cat(owner, ": FQN '", out.back().fqn, "' is listed twice"));
+  }
+  return out;
+}
+
+void ModelPart::init_weights(uint64_t seed) { model_.context().check(model_.vtable().init_weights(raw_, seed), "init_weights"); }
+
+at::Tensor ModelPart::forward(const at::Tensor& tokens, const at::Tensor& labels, const at::Tensor* activation,
+                              int microbatch, int num_microbatches) {
+  keel_forward_inputs in{};
+  in.struct_size = sizeof(in);
+  in.tokens = handle(tokens);
+  in.labels = handle(labels);
+  in.activation = activation != nullptr ? handle(*activation) : nullptr;
+  in.microbatch = microbatch;
+  in.num_microbatches = num_microbatches;
+  at::Tensor out_activation, out_loss;
+  keel_forward_outputs out{};
+  out.struct_size = sizeof(out);
+  out.activation = handle(out_activation);
+  out.loss_sum = handle(out_loss);
+  model_.context().check(model_.vtable().forward(raw_, &in, &out), "forward");
+  bool last = spec_.stage_index == spec_.num_stages - 1;
+  at::Tensor& result = last ? out_loss : out_activation;
+  if (!result.defined())
+    throw std::runtime_error(cat(model_.context().label(), ": forward of stage ", spec_.stage_index, " set no ",
+                                 last ? "loss_sum" : "activation"));
+  return result;
+}
+
+// ------------------------------------------------------------------ Model
+
+Model::Model(const keel_component& component, const std::string& plugin_name, const ConfigSection& config,
+             HostServices services)
+    : vtable_(copy_versioned<keel_model_vtable>(component.vtable)),
+      context_(cat("model ", component.name, " (", plugin_name, ")"), services) {
+  context_.check(vtable_.create(context_.raw(), HostContext::config_handle(config), &raw_), "create");
+  if (raw_ == nullptr) throw std::runtime_error(cat(context_.label(), ": create returned no model"));
+  info_.struct_size = sizeof(info_);
+  context_.check(vtable_.info(raw_, &info_), "info");
+  if (info_.vocab_size <= 0 || info_.num_layers < 0 || info_.hidden_size <= 0)
+    throw std::runtime_error(cat(context_.label(), ": info() reports vocab ", info_.vocab_size, ", layers ",
+                                 info_.num_layers, ", hidden ", info_.hidden_size));
+}
+
+Model::~Model() {
+  parts_.clear();
+  if (raw_ != nullptr) vtable_.destroy(raw_);
+}
+
+ModelPart& Model::build_part(const keel_part_spec& spec) {
+  keel_part* raw = nullptr;
+  context_.check(vtable_.build_part(raw_, &spec, &raw), "build_part");
+  if (raw == nullptr) throw std::runtime_error(cat(context_.label(), ": build_part returned no part"));
+  parts_.push_back(std::make_unique<ModelPart>(*this, raw, spec));
+  return *parts_.back();
+}
+
+void Model::post_init() {
+  if (vtable_.post_init != nullptr) context_.check(vtable_.post_init(raw_), "post_init");
+}
+void Model::pre_clip() {
+  if (vtable_.pre_clip != nullptr) context_.check(vtable_.pre_clip(raw_), "pre_clip");
+}
+void Model::post_step() {
+  if (vtable_.post_step != nullptr) context_.check(vtable_.post_step(raw_), "post_step");
+}
+
+// ------------------------------------------------------------------ Clipper
+
+Clipper::Clipper(const keel_component& component, const std::string& plugin_name, const ConfigSection& config,
+                 HostServices services)
+    : vtable_(copy_versioned<keel_clipper_vtable>(component.vtable)),
+      context_(cat("clipper ", component.name, " (", plugin_name, ")"), services) {
+  context_.check(vtable_.create(context_.raw(), HostContext::config_handle(config), &raw_), "create");
+  if (raw_ == nullptr) throw std::runtime_error(cat(context_.label(), ": create returned no clipper"));
+}
+
+Clipper::~Clipper() {
+  if (raw_ != nullptr) vtable_.destroy(raw_);
+}
+
+void Clipper::bind_model_parts(const std::vector<const keel_param_info*>& params) {
+  if (vtable_.bind_model_parts != nullptr)
+    context_.check(vtable_.bind_model_parts(raw_, params.data(), params.size()), "bind_model_parts");
+}
+
+at::Tensor Clipper::clip(const std::vector<const keel_param_info*>& params) {
+  at::Tensor total_norm;
+  context_.check(vtable_.clip(raw_, params.data(), params.size(), handle(total_norm)), "clip");
+  if (!total_norm.defined() || total_norm.numel() != 1)
+    throw std::runtime_error(cat(context_.label(), ": clip returned no scalar total norm"));
+  return total_norm;
+}
+
+std::vector<std::pair<std::string, at::Tensor*>> Clipper::state() {
+  std::vector<std::pair<std::string, at::Tensor*>> out;
+  if (vtable_.state == nullptr) return out;
+  const keel_named_tensor* const* entries = nullptr;
+  size_t count = 0;
+  context_.check(vtable_.state(raw_, &entries, &count), "state");
+  for (size_t i = 0; i < count; ++i) out.push_back({entries[i]->name, &keel::tensor(entries[i]->tensor)});
+  return out;
+}
+
+}  // namespace keel

@@ -1,0 +1,124 @@
+// C++ handles on plugin components: a Model with its Parts and a Clipper. Every call goes
+// through the component's vtable and turns a failed status into an exception that names the
+// component, the call and the component's own message.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <keel/keel.h>
+
+#include "plugins/host_context.hpp"
+
+namespace keel {
+
+class ConfigSection;
+
+/// The host's record of one parameter or buffer of a part.
+struct ParamRef {
+  std::string fqn;
+  at::Tensor* tensor = nullptr;  ///< the plugin's slot; stable while the part lives
+  uint32_t flags = 0;
+  int32_t shard_dim = -1;
+  int64_t shard_offset = 0;
+  int64_t global_dim_size = 0;
+  double active_fraction = 1.0;
+  std::string module_group = "main";
+  const keel_param_info* raw = nullptr;  ///< the plugin's entry, passed back to clippers
+
+  bool replica() const { return (flags & KEEL_PARAM_REPLICA) != 0; }
+  bool expert() const { return (flags & KEEL_PARAM_EXPERT) != 0; }
+  bool persistent() const { return (flags & KEEL_PARAM_PERSISTENT) != 0; }
+};
+
+class Model;
+
+/// One pipeline part of a model.
+class ModelPart {
+ public:
+  ModelPart(Model& model, keel_part* raw, const keel_part_spec& spec);
+  /// The part's trainable parameters.
+  const std::vector<ParamRef>& parameters() const { return parameters_; }
+  /// The part's buffers.
+  const std::vector<ParamRef>& buffers() const { return buffers_; }
+  /// The spec it was built from.
+  const keel_part_spec& spec() const { return spec_; }
+  /// Initialises weights from `seed`.
+  void init_weights(uint64_t seed);
+  /// Runs one microbatch; returns the activation (non-last stage) or the loss sum (last).
+  at::Tensor forward(const at::Tensor& tokens, const at::Tensor& labels, const at::Tensor* activation, int microbatch,
+                     int num_microbatches);
+
+ private:
+  std::vector<ParamRef> list(bool buffers);
+
+  Model& model_;
+  keel_part* raw_;
+  keel_part_spec spec_;
+  std::vector<ParamRef> parameters_;
+  std::vector<ParamRef> buffers_;
+};
+
+/// A model component instance.
+class Model {
+ public:
+  /// Creates the model from its [model] table; unread keys are checked by the caller.
+  Model(const keel_component& component, const std::string& plugin_name, const ConfigSection& config,
+        HostServices services);
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  /// What the model reports of itself.
+  const keel_model_info& info() const { return info_; }
+  /// Builds one part (owned by this model).
+  ModelPart& build_part(const keel_part_spec& spec);
+  /// The parts built so far.
+  const std::vector<std::unique_ptr<ModelPart>>& parts() const { return parts_; }
+  /// Runs post_init if the model has it.
+  void post_init();
+  /// Runs pre_clip if the model has it.
+  void pre_clip();
+  /// Runs post_step if the model has it.
+  void post_step();
+  /// The vtable (zero-extended to this host's size).
+  const keel_model_vtable& vtable() const { return vtable_; }
+  /// The host context the model reports to.
+  HostContext& context() { return context_; }
+
+ private:
+  keel_model_vtable vtable_{};
+  HostContext context_;
+  keel_model* raw_ = nullptr;
+  keel_model_info info_{};
+  std::vector<std::unique_ptr<ModelPart>> parts_;
+};
+
+/// A clipper component instance.
+class Clipper {
+ public:
+  Clipper(const keel_component& component, const std::string& plugin_name, const ConfigSection& config,
+          HostServices services);
+  ~Clipper();
+  Clipper(const Clipper&) = delete;
+  Clipper& operator=(const Clipper&) = delete;
+
+  /// Hands the clipper every parameter of this rank, once, in clip() order.
+  void bind_model_parts(const std::vector<const keel_param_info*>& params);
+  /// Clips in place; returns the total norm as a device tensor.
+  at::Tensor clip(const std::vector<const keel_param_info*>& params);
+  /// The clipper's state tensors (empty when stateless).
+  std::vector<std::pair<std::string, at::Tensor*>> state();
+  /// The vtable (zero-extended to this host's size).
+  const keel_clipper_vtable& vtable() const { return vtable_; }
+
+ private:
+  keel_clipper_vtable vtable_{};
+  HostContext context_;
+  keel_clipper* raw_ = nullptr;
+};
+
+}  // namespace keel

@@ -1,0 +1,254 @@
+#include "plugins/host_context.hpp"
+
+#include <keel/keel.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <memory>
+#include <stdexcept>
+
+#include "common/error.hpp"
+#include "common/log.hpp"
+#include "common/text.hpp"
+#include "config/config_tree.hpp"
+#include "mesh/mesh.hpp"
+#include "metrics/step_metrics.hpp"
+
+namespace keel {
+
+HostContext::HostContext(std::string label, HostServices services)
+    : handle_{{sizeof(keel_host), &host_api()}, this}, label_(std::move(label)), services_(services) {}
+
+HostContext& HostContext::from(keel_host* host) { return *reinterpret_cast<Handle*>(host)->self; }
+
+const keel_config* HostContext::config_handle(const ConfigSection& section) {
+  return reinterpret_cast<const keel_config*>(&section);
+}
+
+void HostContext::check(keel_status status, const char* call) {
+  if (status == KEEL_OK) {
+    error_code_ = KEEL_OK;
+    error_message_.clear();
+    return;
+  }
+  std::string message = error_message_.empty() ? cat("returned status ", status, " without a message") : error_message_;
+  error_code_ = KEEL_OK;
+  error_message_.clear();
+  std::string text = cat(label_, ": ", call, " failed: ", message);
+  if (status == KEEL_ERROR_CONFIG) throw InputError(cat(label_, ": ", message));
+  if (status == KEEL_ERROR_INVALID_ARGUMENT) throw InputError(text);
+  throw std::runtime_error(text);
+}
+
+// The C entry points. Each converts host exceptions into a status and a recorded message, so
+// nothing unwinds through plugin frames.
+struct HostApi {
+  static HostContext& ctx(keel_host* host) { return HostContext::from(host); }
+
+  template <class Body>
+  static keel_status run(keel_host* host, keel_status failure, Body&& body) noexcept {
+    try {
+      body();
+      return KEEL_OK;
+    } catch (const InputError& e) {
+      set_error(host, KEEL_ERROR_CONFIG, e.what());
+      return KEEL_ERROR_CONFIG;
+    } catch (const std::invalid_argument& e) {
+      set_error(host, KEEL_ERROR_INVALID_ARGUMENT, e.what());
+      return KEEL_ERROR_INVALID_ARGUMENT;
+    } catch (const c10::Error& e) {
+      set_error(host, failure, e.what_without_backtrace());
+      return failure;
+    } catch (const std::exception& e) {
+      set_error(host, failure, e.what());
+      return failure;
+    }
+  }
+
+  static Group& group_of(keel_group* group) {
+    if (group == nullptr) throw std::invalid_argument("group is NULL (this rank is not a member?)");
+    return *reinterpret_cast<Group*>(group);
+  }
+  static const ConfigSection& section(const keel_config* config) {
+    if (config == nullptr) throw std::invalid_argument("config is NULL");
+    return *reinterpret_cast<const ConfigSection*>(config);
+  }
+  static void no_work(keel_work** work) {
+    if (work != nullptr) *work = nullptr;
+  }
+
+  static void log(keel_host* host, keel_log_level level, const char* message) {
+    LogLevel l = level == KEEL_LOG_WARN    ? LogLevel::warn
+                 : level == KEEL_LOG_ERROR ? LogLevel::error
+                 : level == KEEL_LOG_DEBUG ? LogLevel::debug
+                                           : LogLevel::info;
+    log_line(l, message != nullptr ? message : "", ctx(host).label_);
+  }
+  static void set_error(keel_host* host, keel_status code, const char* message) {
+    HostContext& c = ctx(host);
+    c.error_code_ = code;
+    c.error_message_ = message != nullptr ? message : "";
+  }
+  static keel_status mesh_info(keel_host* host, keel_mesh_info* out) {
+    return run(host, KEEL_ERROR_RUNTIME, [&] {
+      if (out == nullptr || out->struct_size < sizeof(size_t)) throw std::invalid_argument("mesh_info: bad output struct");
+      keel_mesh_info info = ctx(host).services_.mesh->layout().info();
+      size_t n = std::min(out->struct_size, sizeof(info));
+      info.struct_size = out->struct_size;
+      std::memcpy(out, &info, n);
+    });
+  }
+  static keel_group* group(keel_host* host, keel_group_kind kind) {
+    try {
+      return reinterpret_cast<keel_group*>(&ctx(host).services_.mesh->group(kind));
+    } catch (const std::exception& e) {
+      set_error(host, KEEL_ERROR_INVALID_ARGUMENT, e.what());
+      return nullptr;
+    }
+  }
+  static keel_status new_group(keel_host* host, const int32_t* ranks, size_t count, keel_group** out) {
+    return run(host, KEEL_ERROR_RUNTIME, [&] {
+      std::vector<int> list(ranks, ranks + count);
+      *out = reinterpret_cast<keel_group*>(ctx(host).services_.mesh->new_group(list));
+    });
+  }
+  static int32_t group_rank(keel_host*, const keel_group* group) {
+    return group == nullptr ? -1 : reinterpret_cast<const Group*>(group)->rank();
+  }
+  static int32_t group_size(keel_host*, const keel_group* group) {
+    return group == nullptr ? 0 : reinterpret_cast<const Group*>(group)->size();
+  }
+  static keel_status all_reduce(keel_host* host, keel_group* g, keel_tensor* t, keel_reduce_op op, keel_work** work) {
+    return run(host, KEEL_ERROR_RUNTIME, [&] {
+      group_of(g).all_reduce(tensor(t), op);
+      no_work(work);
+    });
+  }
+  static keel_status broadcast(keel_host* host, keel_group* g, keel_tensor* t, int32_t root, keel_work** work) {
+    return run(host, KEEL_ERROR_RUNTIME, [&] {
+      group_of(g).broadcast(tensor(t), root);
+      no_work(work);
+    });
+  }
+  static keel_status all_gather(keel_host* host, keel_group* g, keel_tensor* out, const keel_tensor* in, keel_work** work) {
+    return run(host, KEEL_ERROR_RUNTIME, [&] {
+      group_of(g).all_gather(tensor(out), tensor(in));
+      no_work(work);
+    });
+  }
+  static keel_status reduce_scatter(keel_host* host, keel_group* g, keel_tensor* out, const keel_tensor* in,
+                                    keel_reduce_op op, keel_work** work) {
+    return run(host, KEEL_ERROR_RUNTIME, [&] {
+      group_of(g).reduce_scatter(tensor(out), tensor(in), op);
+      no_work(work);
+    });
+  }
+  static keel_status all_to_all(keel_host* host, keel_group* g, keel_tensor* out, const keel_tensor* in,
+                                const int64_t* out_splits, const int64_t* in_splits, keel_work** work) {
+    return run(host, KEEL_ERROR_RUNTIME, [&] {
+      Group& group = group_of(g);
+      auto n = static_cast<size_t>(group.size());
+      group.all_to_all(tensor(out), tensor(in), std::vector<int64_t>(out_splits, out_splits + n),
+                       std::vector<int64_t>(in_splits, in_splits + n));
+      no_work(work);
+    });
+  }
+  static keel_status send(keel_host* host, keel_group* g, const keel_tensor* t, int32_t peer, int32_t tag,
+                          keel_work** work) {
+    return run(host, KEEL_ERROR_RUNTIME, [&] {
+      group_of(g).send(tensor(t), peer, tag);
+      no_work(work);
+    });
+  }
+  static keel_status recv(keel_host* host, keel_group* g, keel_tensor* t, int32_t peer, int32_t tag, keel_work** work) {
+    return run(host, KEEL_ERROR_RUNTIME, [&] {
+      group_of(g).recv(tensor(t), peer, tag);
+      no_work(work);
+    });
+  }
+  static keel_status wait(keel_host*, keel_work*) { return KEEL_OK; }
+  static keel_status report_metric(keel_host* host, const char* name, const keel_tensor* value,
+                                   keel_metric_reduce reduce) {
+    return run(host, KEEL_ERROR_INVALID_ARGUMENT, [&] {
+      if (name == nullptr || value == nullptr) throw std::invalid_argument("report_metric: name and value are required");
+      ctx(host).services_.metrics->report(name, tensor(value), reduce);
+    });
+  }
+  static void set_found(int32_t* found, const ConfigSection& s, const char* key) {
+    if (found != nullptr) *found = s.has(key) ? 1 : 0;
+  }
+  static keel_status config_int(keel_host* host, const keel_config* config, const char* key, int64_t fallback,
+                                int64_t* out, int32_t* found) {
+    return run(host, KEEL_ERROR_CONFIG, [&] {
+      const ConfigSection& s = section(config);
+      set_found(found, s, key);
+      *out = s.integer(key, fallback);
+    });
+  }
+  static keel_status config_float(keel_host* host, const keel_config* config, const char* key, double fallback,
+                                  double* out, int32_t* found) {
+    return run(host, KEEL_ERROR_CONFIG, [&] {
+      const ConfigSection& s = section(config);
+      set_found(found, s, key);
+      *out = s.real(key, fallback);
+    });
+  }
+  static keel_status config_bool(keel_host* host, const keel_config* config, const char* key, int32_t fallback,
+                                 int32_t* out, int32_t* found) {
+    return run(host, KEEL_ERROR_CONFIG, [&] {
+      const ConfigSection& s = section(config);
+      set_found(found, s, key);
+      *out = s.boolean(key, fallback != 0) ? 1 : 0;
+    });
+  }
+  static keel_status config_string(keel_host* host, const keel_config* config, const char* key, const char* fallback,
+                                   const char** out, int32_t* found) {
+    return run(host, KEEL_ERROR_CONFIG, [&] {
+      const ConfigSection& s = section(config);
+      set_found(found, s, key);
+      // The returned pointer must outlive the call: strings are interned per context.
+      static std::map<std::string, std::unique_ptr<std::string>> interned;
+      std::string value = s.string(key, fallback != nullptr ? fallback : "");
+      auto& slot = interned[value];
+      if (!slot) slot = std::make_unique<std::string>(value);
+      *out = slot->c_str();
+    });
+  }
+  static keel_status config_invalid(keel_host* host, const keel_config* config, const char* key, const char* why) {
+    return run(host, KEEL_ERROR_CONFIG, [&] { section(config).invalid(key, why != nullptr ? why : "invalid value"); });
+  }
+};
+
+const keel_host_api& host_api() {
+  static const keel_host_api api = [] {
+    keel_host_api a{};
+    a.struct_size = sizeof(a);
+    a.log = &HostApi::log;
+    a.set_error = &HostApi::set_error;
+    a.mesh_info = &HostApi::mesh_info;
+    a.group = &HostApi::group;
+    a.new_group = &HostApi::new_group;
+    a.group_rank = &HostApi::group_rank;
+    a.group_size = &HostApi::group_size;
+    a.all_reduce = &HostApi::all_reduce;
+    a.broadcast = &HostApi::broadcast;
+    a.all_gather = &HostApi::all_gather;
+    a.reduce_scatter = &HostApi::reduce_scatter;
+    a.all_to_all = &HostApi::all_to_all;
+    a.send = &HostApi::send;
+    a.recv = &HostApi::recv;
+    a.wait = &HostApi::wait;
+    a.report_metric = &HostApi::report_metric;
+    a.config_int = &HostApi::config_int;
+    a.config_float = &HostApi::config_float;
+    a.config_bool = &HostApi::config_bool;
+    a.config_string = &HostApi::config_string;
+    a.config_invalid = &HostApi::config_invalid;
+    return a;
+  }();
+  return api;
+}
+
+}  // namespace keel

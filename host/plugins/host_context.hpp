@@ -1,0 +1,58 @@
+// The keel_host a component receives: the host API function table bound to one component
+// instance, so that its log lines and errors carry its name.
+#pragma once
+
+#include <string>
+
+#include <keel/keel.h>
+
+namespace keel {
+
+class ConfigSection;
+class Mesh;
+class StepMetrics;
+
+/// What the host API reaches: the mesh and the step's metrics.
+struct HostServices {
+  Mesh* mesh = nullptr;
+  StepMetrics* metrics = nullptr;
+};
+
+/// One component's host context. Lives as long as the component.
+class HostContext {
+ public:
+  /// `label` names the component in logs and errors ("model llama3").
+  HostContext(std::string label, HostServices services);
+  HostContext(const HostContext&) = delete;
+  HostContext& operator=(const HostContext&) = delete;
+
+  /// The pointer handed to the component.
+  keel_host* raw() { return &handle_.base; }
+  /// The component's label.
+  const std::string& label() const { return label_; }
+  /// Throws when `status` is not OK: an InputError for config/argument errors, otherwise a
+  /// std::runtime_error, with the message the component reported and `call` named.
+  void check(keel_status status, const char* call);
+
+  /// The context behind a keel_host pointer.
+  static HostContext& from(keel_host* host);
+  /// The opaque handle of a config section.
+  static const keel_config* config_handle(const ConfigSection& section);
+
+ private:
+  friend struct HostApi;
+  struct Handle {
+    keel_host base;
+    HostContext* self;
+  };
+  Handle handle_;
+  std::string label_;
+  HostServices services_;
+  keel_status error_code_ = KEEL_OK;
+  std::string error_message_;
+};
+
+/// The function table every HostContext points to.
+const keel_host_api& host_api();
+
+}  // namespace keel

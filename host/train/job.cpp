@@ -1,0 +1,86 @@
+#include "train/job.hpp"
+
+#include <ATen/Parallel.h>
+
+#include <cstdlib>
+#include <stdexcept>
+
+#include "common/error.hpp"
+#include "common/log.hpp"
+#include "common/text.hpp"
+#include "device/device.hpp"
+#include "pipeline/stage_split.hpp"
+
+namespace keel {
+
+namespace {
+
+int env_int(const char* name, int fallback) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return fallback;
+  char* end = nullptr;
+  long value = std::strtol(text, &end, 10);
+  if (*end != '\0' || value < 0) throw InputError(cat("environment variable ", name, "='", text, "' is not a rank count"));
+  return static_cast<int>(value);
+}
+
+ConfigTree load_tree(const RunOptions& options) {
+  if (options.config_path.empty()) throw InputError("no job file given (--config FILE)");
+  ConfigTree tree = ConfigTree::from_file(options.config_path);
+  for (const std::string& assignment : options.overrides) tree.set(assignment);
+  return tree;
+}
+
+}  // namespace
+
+Job::Job(const RunOptions& options, bool meta) : tree_(load_tree(options)) {
+  int world = env_int("WORLD_SIZE", 1);
+  int rank = env_int("RANK", 0);
+  int local_rank = env_int("LOCAL_RANK", 0);
+  config_ = read_job_config(tree_, world, cuda_available());
+  const ParallelismSection& par = config_.parallelism;
+  if (world != 1)
+    throw InputError(cat("WORLD_SIZE=", world, ": this version of keel-train runs one rank; multi-rank meshes "
+                         "(parallelism.pp/dp/ep > 1) are not available yet"));
+  mesh_ = std::make_unique<Mesh>(MeshLayout::compute(par.pp, par.dp, par.ep, rank));
+  set_log_rank(rank);
+  device_ = meta ? at::Device(at::kMeta) : resolve_device(config_.training.device, local_rank);
+  if (config_.training.threads > 0) at::set_num_threads(config_.training.threads);
+
+  registry_ = std::make_unique<PluginRegistry>(plugin_search_path(options.plugin_dirs));
+  const keel_component& model_c = registry_->component(config_.model.plugin, config_.model.component, KEEL_COMPONENT_MODEL);
+  const keel_component& clipper_c =
+      registry_->component(config_.clipper.plugin, config_.clipper.component, KEEL_COMPONENT_CLIPPER);
+  model_path_ = registry_->load(config_.model.plugin).path;
+  clipper_path_ = registry_->load(config_.clipper.plugin).path;
+
+  HostServices services{mesh_.get(), &metrics_};
+  model_section_ = std::make_unique<ConfigSection>(tree_.section("model"));
+  clipper_section_ = std::make_unique<ConfigSection>(tree_.section("clipper"));
+  model_ = std::make_unique<Model>(model_c, registry_->load(config_.model.plugin).descriptor->plugin_name,
+                                   *model_section_, services);
+  clipper_ = std::make_unique<Clipper>(clipper_c, registry_->load(config_.clipper.plugin).descriptor->plugin_name,
+                                       *clipper_section_, services);
+  tree_.check_all_read();
+
+  const keel_model_info& info = model_->info();
+  std::vector<StageLayers> stages;
+  try {
+    stages = split_layers(info.num_layers, par.pp);
+  } catch (const std::invalid_argument& e) {
+    ConfigSection(tree_, "parallelism").invalid("pp", e.what());
+  }
+  keel_part_spec spec{};
+  spec.struct_size = sizeof(spec);
+  spec.stage_index = mesh_->layout().pp_index;
+  spec.num_stages = par.pp;
+  spec.first_layer = stages[static_cast<size_t>(spec.stage_index)].first;
+  spec.num_layers = stages[static_cast<size_t>(spec.stage_index)].count;
+  spec.device_type = device_.is_meta() ? KEEL_DEVICE_META : device_.is_cuda() ? KEEL_DEVICE_CUDA : KEEL_DEVICE_CPU;
+  spec.device_index = device_.has_index() ? device_.index() : 0;
+  spec.param_dtype = KEEL_DTYPE_FP32;
+  spec.compute_dtype = KEEL_DTYPE_FP32;
+  parts_.push_back(&model_->build_part(spec));
+}
+
+}  // namespace keel

@@ -1,0 +1,28 @@
+// Llama 3 hyper-parameters: named flavors, overridable key by key from the [model] table.
+#pragma once
+
+#include <keel/keel.hpp>
+
+#include <cstdint>
+#include <string>
+
+namespace llama3 {
+
+struct Args {
+  int64_t dim = 0;
+  int64_t n_layers = 0;
+  int64_t n_heads = 0;
+  int64_t n_kv_heads = 0;
+  int64_t ffn_hidden = 0;
+  int64_t vocab_size = 0;
+  double rope_theta = 500000.0;
+  double norm_eps = 1e-5;
+
+  int64_t head_dim() const { return dim / n_heads; }
+};
+
+/// The flavor named in `model.flavor` (tiny, debug, 8b) with every key of the table applied
+/// on top; impossible shapes are config errors naming the key.
+Args read_args(keel::Config& config);
+
+}  // namespace llama3

@@ -1,0 +1,120 @@
+#include "llama3_part.hpp"
+
+#include <keel/init.hpp>
+
+#include <cmath>
+
+namespace llama3 {
+
+namespace {
+
+// Rotates interleaved pairs (x[2i], x[2i+1]) of the last dim by the position's angles.
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  auto sizes = x.sizes().vec();
+  sizes.back() /= 2;
+  sizes.push_back(2);
+  at::Tensor pairs = x.reshape(sizes);
+  at::Tensor even = pairs.select(-1, 0), odd = pairs.select(-1, 1);
+  at::Tensor rotated = at::stack({even * cos - odd * sin, even * sin + odd * cos}, -1);
+  return rotated.flatten(-2);
+}
+
+}  // namespace
+
+Part::Part(keel_host* host, const Args& args, const keel_part_spec& spec)
+    : keel::Part(host), args_(args), spec_(spec), options_(keel::part_options(spec)) {
+  const int64_t d = args.dim, hd = args.head_dim();
+  if (spec.stage_index == 0) tok_embeddings_ = &param("tok_embeddings.weight", {args.vocab_size, d});
+  for (int i = spec.first_layer; i < spec.first_layer + spec.num_layers; ++i) {
+    std::string p = "layers." + std::to_string(i) + ".";
+    Block b{};
+    b.attention_norm = &param(p + "attention_norm.weight", {d});
+    b.wq = &param(p + "attention.wq.weight", {args.n_heads * hd, d});
+    b.wk = &param(p + "attention.wk.weight", {args.n_kv_heads * hd, d});
+    b.wv = &param(p + "attention.wv.weight", {args.n_kv_heads * hd, d});
+    b.wo = &param(p + "attention.wo.weight", {d, args.n_heads * hd});
+    b.ffn_norm = &param(p + "ffn_norm.weight", {d});
+    b.w1 = &param(p + "feed_forward.w1.weight", {args.ffn_hidden, d});
+    b.w2 = &param(p + "feed_forward.w2.weight", {d, args.ffn_hidden});
+    b.w3 = &param(p + "feed_forward.w3.weight", {args.ffn_hidden, d});
+    blocks_.push_back(b);
+  }
+  if (spec.stage_index == spec.num_stages - 1) {
+    norm_ = &param("norm.weight", {d});
+    output_ = &param("output.weight", {args.vocab_size, d});
+  }
+}
+
+at::Tensor& Part::param(const std::string& fqn, std::vector<int64_t> shape) {
+  keel::ParamDecl decl;
+  decl.fqn = fqn;
+  decl.tensor = at::empty(shape, options_).requires_grad_(true);
+  return parameters().add(std::move(decl));
+}
+
+void Part::init_weights(uint64_t seed) {
+  // torchtitan's Llama 3 init: N(0, 1) embeddings, N(0, 0.02) input projections, depth-scaled
+  // output projections, unit norms, and a dim^-1/2 truncated normal head.
+  const double depth_std = 0.02 / std::sqrt(2.0 * static_cast<double>(args_.n_layers));
+  for (const auto& decl : parameters().decls()) {
+    const std::string& fqn = decl->fqn;
+    at::Tensor& t = decl->tensor;
+    auto ends_with = [&](const char* suffix) {
+      std::string s(suffix);
+      return fqn.size() >= s.size() && fqn.compare(fqn.size() - s.size(), s.size(), s) == 0;
+    };
+    if (ends_with("norm.weight"))
+      keel::init::constant_(t, 1.0);
+    else if (fqn == "tok_embeddings.weight")
+      keel::init::normal_(t, seed, fqn, 1.0);
+    else if (fqn == "output.weight")
+      keel::init::truncated_normal_(t, seed, fqn, 1.0 / std::sqrt(static_cast<double>(args_.dim)));
+    else if (ends_with("wo.weight") || ends_with("w2.weight") || ends_with("w3.weight"))
+      keel::init::truncated_normal_(t, seed, fqn, depth_std);
+    else
+      keel::init::truncated_normal_(t, seed, fqn, 0.02);
+  }
+}
+
+at::Tensor Part::attention(const Block& b, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const {
+  const int64_t batch = x.size(0), seq = x.size(1), hd = args_.head_dim();
+  at::Tensor q = at::linear(x, *b.wq).view({batch, seq, args_.n_heads, hd});
+  at::Tensor k = at::linear(x, *b.wk).view({batch, seq, args_.n_kv_heads, hd});
+  at::Tensor v = at::linear(x, *b.wv).view({batch, seq, args_.n_kv_heads, hd});
+  q = apply_rope(q, cos, sin).transpose(1, 2);
+  k = apply_rope(k, cos, sin).transpose(1, 2);
+  v = v.transpose(1, 2);
+  at::Tensor out = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/std::nullopt, /*dropout_p=*/0.0,
+                                                    /*is_causal=*/true, /*scale=*/std::nullopt,
+                                                    /*enable_gqa=*/args_.n_kv_heads != args_.n_heads);
+  return at::linear(out.transpose(1, 2).reshape({batch, seq, args_.n_heads * hd}), *b.wo);
+}
+
+at::Tensor Part::feed_forward(const Block& b, const at::Tensor& x) const {
+  return at::linear(at::silu(at::linear(x, *b.w1)) * at::linear(x, *b.w3), *b.w2);
+}
+
+void Part::forward(const keel_forward_inputs& inputs, keel_forward_outputs& outputs) {
+  const at::Tensor& tokens = keel::tensor(inputs.tokens);
+  at::Tensor h = tok_embeddings_ != nullptr ? at::embedding(*tok_embeddings_, tokens) : keel::tensor(inputs.activation);
+  const int64_t seq = h.size(1), half = args_.head_dim() / 2;
+  at::Tensor positions = at::arange(seq, h.options().dtype(at::kFloat));
+  at::Tensor freqs = at::pow(args_.rope_theta, at::arange(half, h.options().dtype(at::kFloat)) * (-2.0 / static_cast<double>(args_.head_dim())));
+  at::Tensor angles = at::outer(positions, freqs).view({1, seq, 1, half});
+  at::Tensor cos = angles.cos(), sin = angles.sin();
+  for (const Block& b : blocks_) {
+    h = h + attention(b, at::rms_norm(h, {args_.dim}, *b.attention_norm, args_.norm_eps), cos, sin);
+    h = h + feed_forward(b, at::rms_norm(h, {args_.dim}, *b.ffn_norm, args_.norm_eps));
+  }
+  if (output_ == nullptr) {
+    keel::tensor(outputs.activation) = h;
+    return;
+  }
+  at::Tensor logits = at::linear(at::rms_norm(h, {args_.dim}, *norm_, args_.norm_eps), *output_);
+  const at::Tensor& labels = keel::tensor(inputs.labels);
+  keel::tensor(outputs.loss_sum) = at::cross_entropy_loss(logits.reshape({-1, args_.vocab_size}).to(at::kFloat),
+                                                          labels.reshape({-1}), /*weight=*/std::nullopt,
+                                                          at::Reduction::Sum, KEEL_IGNORE_INDEX);
+}
+
+}  // namespace llama3

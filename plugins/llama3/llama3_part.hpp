@@ -1,0 +1,37 @@
+// One pipeline part of a Llama 3 model: the embedding on the first stage, a run of
+// transformer blocks (RMSNorm, RoPE, grouped-query attention, SwiGLU), and the final norm and
+// output head on the last stage. FQNs follow torchtitan's Llama 3.
+#pragma once
+
+#include <keel/keel.hpp>
+
+#include <vector>
+
+#include "llama3_args.hpp"
+
+namespace llama3 {
+
+class Part final : public keel::Part {
+ public:
+  Part(keel_host* host, const Args& args, const keel_part_spec& spec);
+  void init_weights(uint64_t seed) override;
+  void forward(const keel_forward_inputs& inputs, keel_forward_outputs& outputs) override;
+
+ private:
+  struct Block {
+    at::Tensor *attention_norm, *wq, *wk, *wv, *wo, *ffn_norm, *w1, *w2, *w3;
+  };
+  at::Tensor& param(const std::string& fqn, std::vector<int64_t> shape);
+  at::Tensor attention(const Block& b, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const;
+  at::Tensor feed_forward(const Block& b, const at::Tensor& x) const;
+
+  Args args_;
+  keel_part_spec spec_;
+  at::TensorOptions options_;
+  at::Tensor* tok_embeddings_ = nullptr;
+  at::Tensor* norm_ = nullptr;
+  at::Tensor* output_ = nullptr;
+  std::vector<Block> blocks_;
+};
+
+}  // namespace llama3

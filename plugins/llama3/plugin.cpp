@@ -1,0 +1,40 @@
+// The llama3 plugin: a Llama 3 model component (flavors tiny, debug, 8b).
+#include <keel/keel.hpp>
+
+#include <memory>
+#include <vector>
+
+#include "llama3_args.hpp"
+#include "llama3_part.hpp"
+
+namespace {
+
+class Llama3 {
+ public:
+  static std::unique_ptr<Llama3> create(keel::Host host, keel::Config& config) {
+    return std::unique_ptr<Llama3>(new Llama3(host, llama3::read_args(config)));
+  }
+  keel::Host host() const { return host_; }
+  keel_model_info info() const {
+    keel_model_info info{};
+    info.vocab_size = args_.vocab_size;
+    info.num_layers = static_cast<int32_t>(args_.n_layers);
+    info.hidden_size = args_.dim;
+    return info;
+  }
+  keel::Part& build_part(const keel_part_spec& spec) {
+    parts_.push_back(std::make_unique<llama3::Part>(host_.raw(), args_, spec));
+    return *parts_.back();
+  }
+
+ private:
+  Llama3(keel::Host host, llama3::Args args) : host_(host), args_(args) {}
+  keel::Host host_;
+  llama3::Args args_;
+  std::vector<std::unique_ptr<llama3::Part>> parts_;
+};
+
+}  // namespace
+
+KEEL_PLUGIN("llama3", "1.0.0",
+            keel::model_component<Llama3>("llama3", "Llama 3 (RMSNorm, RoPE, grouped-query attention, SwiGLU)"))

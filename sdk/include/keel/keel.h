@@ -1,0 +1,389 @@
+/*
+ * keel.h — the Keel plugin ABI (C11, also valid C++).
+ *
+ * A Keel plugin is a shared library that exports exactly one symbol, keel_plugin_entry(),
+ * returning a static descriptor. The descriptor lists components: models and gradient
+ * clippers. The host (keel-train) calls components through their vtables; components call
+ * the host back through the function table in keel_host_api.
+ *
+ * Version policy (PJRT style):
+ *   - KEEL_ABI_MAJOR changes when anything is removed or changes meaning. A host refuses a
+ *     plugin of another major.
+ *   - KEEL_ABI_MINOR changes when something is appended. Every struct that crosses the
+ *     boundary starts with `size_t struct_size`; fields are only ever appended. A receiver
+ *     checks that struct_size covers what it needs and never reads beyond it, so a plugin of a
+ *     newer minor loads in an older host as long as what the host needs is there.
+ *
+ * Ownership and lifetime:
+ *   - Every pointer handed across the boundary is borrowed for the duration of the call unless
+ *     its comment says otherwise.
+ *   - Plugins are never unloaded while the process lives.
+ *   - keel_tensor is a borrowed pointer to a LibTorch at::Tensor of the same LibTorch the host
+ *     runs (the descriptor records the version; the host refuses a mismatch). Autograd is
+ *     intact across the boundary.
+ *
+ * Errors: every call returns keel_status (KEEL_OK = 0). A component that fails reports its
+ * message with host->api->set_error(host, code, message) and returns the same code.
+ *
+ * Contract tags, at the end of each function's comment:
+ *   [once]                 called once per object
+ *   [every step]           called once per optimizer step
+ *   [every microbatch]     called once per microbatch of a step
+ *   [collective: G]        every rank of group G calls it, in the same order
+ *   [capture-safe]         may run inside CUDA graph capture when the component declares it
+ *                          (see KEEL_HOOK_*_CAPTURE_SAFE): no host synchronisation, no
+ *                          allocation that changes between steps, no host branch on device data
+ *   [setup]                only during setup (before the first step)
+ */
+#ifndef KEEL_KEEL_H
+#define KEEL_KEEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- versions and basics */
+
+#define KEEL_ABI_MAJOR 1
+#define KEEL_ABI_MINOR 0
+
+#if defined(_WIN32)
+#define KEEL_EXPORT __declspec(dllexport)
+#else
+#define KEEL_EXPORT __attribute__((visibility("default")))
+#endif
+
+typedef int32_t keel_status;
+enum {
+  KEEL_OK = 0,
+  KEEL_ERROR_INVALID_ARGUMENT = 1, /* a caller passed something impossible */
+  KEEL_ERROR_CONFIG = 2,           /* a configuration value is missing, mistyped or impossible */
+  KEEL_ERROR_RUNTIME = 3,          /* a failure while running (numerics, I/O, collectives) */
+  KEEL_ERROR_UNSUPPORTED = 4,      /* the request is valid but this component cannot do it */
+  KEEL_ERROR_INTERNAL = 5          /* a bug: an exception escaped or an invariant broke */
+};
+
+/* Opaque handles. */
+typedef struct keel_tensor keel_tensor;   /* a borrowed at::Tensor*                      */
+typedef struct keel_group keel_group;     /* a process group of the mesh, owned by host  */
+typedef struct keel_work keel_work;       /* an in-flight collective, owned by host      */
+typedef struct keel_config keel_config;   /* a component's config table, owned by host   */
+typedef struct keel_host keel_host;       /* the host context                            */
+typedef struct keel_model keel_model;     /* a model instance, owned by the plugin       */
+typedef struct keel_part keel_part;       /* one pipeline part of a model, plugin-owned  */
+typedef struct keel_clipper keel_clipper; /* a clipper instance, owned by the plugin     */
+
+/* ---------------------------------------------------------------- the mesh */
+
+typedef enum keel_group_kind {
+  KEEL_GROUP_WORLD = 0, /* every rank                                                   */
+  KEEL_GROUP_PP = 1,    /* the stages of this rank's data-parallel replica              */
+  KEEL_GROUP_DP = 2,    /* the data-parallel replicas of this rank's stage              */
+  KEEL_GROUP_EP = 3,    /* the expert-parallel ranks that shard this rank's experts     */
+  KEEL_GROUP_EDP = 4    /* the ranks holding the same expert shard (dp / ep of them)    */
+} keel_group_kind;
+
+/* This rank's place in the mesh. world = pp * dp; rank = pp_index * dp + dp_index;
+ * ep divides dp; ep_index = dp_index % ep; edp = dp / ep; edp_index = dp_index / ep. */
+typedef struct keel_mesh_info {
+  size_t struct_size;
+  int32_t rank, world_size;
+  int32_t pp, dp, ep, edp;
+  int32_t pp_index, dp_index, ep_index, edp_index;
+} keel_mesh_info;
+
+typedef enum keel_reduce_op {
+  KEEL_REDUCE_SUM = 0,
+  KEEL_REDUCE_AVG = 1,
+  KEEL_REDUCE_MAX = 2,
+  KEEL_REDUCE_MIN = 3
+} keel_reduce_op;
+
+/* ---------------------------------------------------------------- devices and dtypes */
+
+typedef enum keel_device_type { KEEL_DEVICE_CPU = 0, KEEL_DEVICE_CUDA = 1, KEEL_DEVICE_META = 2 } keel_device_type;
+
+typedef enum keel_dtype { KEEL_DTYPE_FP32 = 0, KEEL_DTYPE_BF16 = 1, KEEL_DTYPE_FP16 = 2 } keel_dtype;
+
+/* ---------------------------------------------------------------- metrics and logging */
+
+typedef enum keel_log_level { KEEL_LOG_DEBUG = 0, KEEL_LOG_INFO = 1, KEEL_LOG_WARN = 2, KEEL_LOG_ERROR = 3 } keel_log_level;
+
+/* How repeated reports of one metric within one step combine. */
+typedef enum keel_metric_reduce {
+  KEEL_METRIC_MEAN = 0,
+  KEEL_METRIC_SUM = 1,
+  KEEL_METRIC_MAX = 2,
+  KEEL_METRIC_LAST = 3
+} keel_metric_reduce;
+
+/* ---------------------------------------------------------------- the host API */
+
+/* The functions a component may call. Received in keel_host->api; check struct_size before
+ * using a function appended after v1.0 (none yet). */
+typedef struct keel_host_api {
+  size_t struct_size;
+
+  /* Writes one log line prefixed with the rank and component name. */
+  void (*log)(keel_host* host, keel_log_level level, const char* message);
+  /* Records the error of the call in progress; return the same code from that call. */
+  void (*set_error)(keel_host* host, keel_status code, const char* message);
+
+  /* Fills this rank's mesh coordinates. */
+  keel_status (*mesh_info)(keel_host* host, keel_mesh_info* out);
+  /* Returns the group of that kind for this rank; owned by the host for the process life. */
+  keel_group* (*group)(keel_host* host, keel_group_kind kind);
+  /* Creates a sub-group of the given world ranks (sorted, distinct). Every rank of the world
+   * calls it with the same rank lists in the same order; ranks not in the list receive NULL.
+   * [setup][collective: world] */
+  keel_status (*new_group)(keel_host* host, const int32_t* world_ranks, size_t count, keel_group** out);
+  /* This rank's index within the group, or -1 if it is not a member. */
+  int32_t (*group_rank)(keel_host* host, const keel_group* group);
+  /* Number of ranks in the group. */
+  int32_t (*group_size)(keel_host* host, const keel_group* group);
+
+  /* Collectives on tensors. Every collective is [collective: group]. When `work` is NULL the
+   * call returns once the result is ready on the tensor's stream; otherwise *work receives a
+   * handle to pass to wait(). On CUDA they run on the current stream and are capture-safe. */
+
+  /* In-place reduction of `tensor` over the group. */
+  keel_status (*all_reduce)(keel_host* host, keel_group* group, keel_tensor* tensor, keel_reduce_op op, keel_work** work);
+  /* In-place broadcast of `tensor` from the member with group rank `root`. */
+  keel_status (*broadcast)(keel_host* host, keel_group* group, keel_tensor* tensor, int32_t root, keel_work** work);
+  /* Gathers every member's `input` into `output` (group_size × input along dim 0). */
+  keel_status (*all_gather)(keel_host* host, keel_group* group, keel_tensor* output, const keel_tensor* input, keel_work** work);
+  /* Reduces `input` (group_size × output along dim 0) and scatters the slices to `output`. */
+  keel_status (*reduce_scatter)(keel_host* host, keel_group* group, keel_tensor* output, const keel_tensor* input,
+                                keel_reduce_op op, keel_work** work);
+  /* Exchanges dim-0 slices: `input_splits[i]` rows go to member i, `output_splits[i]` rows
+   * arrive from it; both arrays have group_size entries. */
+  keel_status (*all_to_all)(keel_host* host, keel_group* group, keel_tensor* output, const keel_tensor* input,
+                            const int64_t* output_splits, const int64_t* input_splits, keel_work** work);
+  /* Sends `tensor` to the member with group rank `peer`. [collective: peer pair] */
+  keel_status (*send)(keel_host* host, keel_group* group, const keel_tensor* tensor, int32_t peer, int32_t tag,
+                      keel_work** work);
+  /* Receives into `tensor` from the member with group rank `peer`. [collective: peer pair] */
+  keel_status (*recv)(keel_host* host, keel_group* group, keel_tensor* tensor, int32_t peer, int32_t tag, keel_work** work);
+  /* Waits for and releases an in-flight collective. NULL is a no-op. */
+  keel_status (*wait)(keel_host* host, keel_work* work);
+
+  /* Reports a named scalar for this step: `value` is a 0-dim tensor (a device tensor is fine;
+   * the host reads it lazily, never inside a step). [capture-safe: no] */
+  keel_status (*report_metric)(keel_host* host, const char* name, const keel_tensor* value, keel_metric_reduce reduce);
+
+  /* Typed access to the component's own config table. Each getter marks the key as read;
+   * after create() the host reports every unread key as an error, naming file and line.
+   * `found` (may be NULL) says whether the key was present; absent keys yield `fallback`.
+   * A present key of the wrong type is an error naming the key and its position. */
+  keel_status (*config_int)(keel_host* host, const keel_config* config, const char* key, int64_t fallback,
+                            int64_t* out, int32_t* found);
+  keel_status (*config_float)(keel_host* host, const keel_config* config, const char* key, double fallback,
+                              double* out, int32_t* found);
+  keel_status (*config_bool)(keel_host* host, const keel_config* config, const char* key, int32_t fallback,
+                             int32_t* out, int32_t* found);
+  /* The returned string lives as long as the config. */
+  keel_status (*config_string)(keel_host* host, const keel_config* config, const char* key, const char* fallback,
+                               const char** out, int32_t* found);
+  /* Reports that `key` holds an impossible value; the host formats "file:line: key: why". */
+  keel_status (*config_invalid)(keel_host* host, const keel_config* config, const char* key, const char* why);
+} keel_host_api;
+
+struct keel_host {
+  size_t struct_size;
+  const keel_host_api* api;
+};
+
+/* ---------------------------------------------------------------- parameters */
+
+enum {
+  /* A physical copy of a logical parameter owned by another part (or rank). Excluded from
+   * norms and from checkpoints' writers; kept bitwise equal to its owner by the model. */
+  KEEL_PARAM_REPLICA = 1u << 0,
+  /* Sharded over the ep group: the tensor is this rank's slice of the global tensor. */
+  KEEL_PARAM_EXPERT = 1u << 1,
+  /* A buffer that is saved in checkpoints (e.g. an expert bias). Only for buffers(). */
+  KEEL_PARAM_PERSISTENT = 1u << 2
+};
+
+/* One parameter or buffer of a part. Owned by the part; valid while the part lives. */
+typedef struct keel_param_info {
+  size_t struct_size;
+  /* Canonical fully qualified name: the same whatever the layout ("layers.3.attn.wq.weight"). */
+  const char* fqn;
+  keel_tensor* tensor;
+  uint32_t flags;
+  /* Placement in the global tensor: shard_dim = -1 when the tensor is the whole parameter;
+   * otherwise this tensor is global[offset : offset + size(shard_dim)] along shard_dim, and
+   * the global tensor has global_dim_size elements along it. */
+  int32_t shard_dim;
+  int64_t shard_offset;
+  int64_t global_dim_size;
+  /* Fraction of this parameter used by one token (top_k / n_experts for routed experts, 1
+   * otherwise): the host's "activated parameters" figure. */
+  double active_fraction;
+  /* Which module group the parameter counts under in reports ("main", "mtp"). NULL = "main". */
+  const char* module_group;
+} keel_param_info;
+
+/* A named tensor of a component's state (clipper state, model-level buffers). */
+typedef struct keel_named_tensor {
+  size_t struct_size;
+  const char* name;
+  keel_tensor* tensor;
+} keel_named_tensor;
+
+/* ---------------------------------------------------------------- model */
+
+/* What the host needs to know of a model before building parts. */
+typedef struct keel_model_info {
+  size_t struct_size;
+  int64_t vocab_size;
+  /* Number of pipeline-splittable layers (transformer blocks); stages take contiguous runs. */
+  int32_t num_layers;
+  /* Elements per token of the activation passed between stages (the hidden size). */
+  int64_t hidden_size;
+} keel_model_info;
+
+/* The part to build: which layers, where, and on which device. */
+typedef struct keel_part_spec {
+  size_t struct_size;
+  int32_t stage_index; /* 0 .. num_stages-1                                             */
+  int32_t num_stages;
+  int32_t first_layer; /* global index of this part's first layer                        */
+  int32_t num_layers;  /* number of consecutive layers in this part (may be 0)           */
+  keel_device_type device_type;
+  int32_t device_index;
+  keel_dtype param_dtype;   /* master weights                                              */
+  keel_dtype compute_dtype; /* activations                                                 */
+} keel_part_spec;
+
+/* Inputs of one forward of one part for one microbatch. */
+typedef struct keel_forward_inputs {
+  size_t struct_size;
+  /* [batch, seq] int64 token ids; given to every stage. */
+  const keel_tensor* tokens;
+  /* [batch, seq] int64 next-token labels (labels[t] = token t+1; KEEL_IGNORE_INDEX where there
+   * is none); given to every stage. */
+  const keel_tensor* labels;
+  /* [batch, seq, hidden] activation from the previous stage; NULL on the first stage. */
+  const keel_tensor* activation;
+  int32_t microbatch;
+  int32_t num_microbatches;
+} keel_forward_inputs;
+
+#define KEEL_IGNORE_INDEX (-100)
+
+/* Outputs of one forward; the tensors are host-owned slots the part assigns to. */
+typedef struct keel_forward_outputs {
+  size_t struct_size;
+  /* Non-last stages: the activation for the next stage (autograd attached). */
+  keel_tensor* activation;
+  /* Last stage: 0-dim fp32 sum of the per-token loss over this microbatch (autograd attached).
+   * The host divides by the step's global count of labelled tokens. */
+  keel_tensor* loss_sum;
+} keel_forward_outputs;
+
+enum {
+  KEEL_HOOK_PRE_CLIP_CAPTURE_SAFE = 1u << 0,
+  KEEL_HOOK_CLIP_CAPTURE_SAFE = 1u << 1
+};
+
+typedef struct keel_model_vtable {
+  size_t struct_size;
+  /* Creates a model from its config table alone. Required. [once] */
+  keel_status (*create)(keel_host* host, const keel_config* config, keel_model** out);
+  /* Destroys the model and every part it built. NULL-safe. Required. [once] */
+  void (*destroy)(keel_model* model);
+  /* Describes the model (vocab, layer count, hidden size). Required. [once] */
+  keel_status (*info)(keel_model* model, keel_model_info* out);
+  /* Builds the modules of one pipeline part; on KEEL_DEVICE_META nothing is allocated.
+   * The part is owned by the model. Required. [once per part] */
+  keel_status (*build_part)(keel_model* model, const keel_part_spec* spec, keel_part** out);
+  /* Lists the part's trainable parameters; the array and entries live as long as the part.
+   * Required. [once per part] */
+  keel_status (*parameters)(keel_part* part, const keel_param_info* const** out, size_t* count);
+  /* Lists the part's buffers (flag KEEL_PARAM_PERSISTENT for those that are checkpointed).
+   * Required. [once per part] */
+  keel_status (*buffers)(keel_part* part, const keel_param_info* const** out, size_t* count);
+  /* Initialises the part's parameters and buffers deterministically and independently of the
+   * layout: each tensor (each expert slice) from a generator seeded by (seed, FQN[, expert]).
+   * Required. [once per part] */
+  keel_status (*init_weights)(keel_part* part, uint64_t seed);
+  /* Runs one microbatch through the part. Required. [every microbatch] */
+  keel_status (*forward)(keel_part* part, const keel_forward_inputs* inputs, keel_forward_outputs* outputs);
+  /* After weights are initialised or loaded: synchronise replicas from their owners.
+   * Optional. [once][collective: world] */
+  keel_status (*post_init)(keel_model* model);
+  /* After the host's data-parallel gradient reduction, before clipping: finalise shared
+   * gradients (sum replica gradients with their owners'). Optional.
+   * [every step][collective: world][capture-safe if KEEL_HOOK_PRE_CLIP_CAPTURE_SAFE] */
+  keel_status (*pre_clip)(keel_model* model);
+  /* After the optimizer step (e.g. an expert-bias update). Optional. [every step][collective: world] */
+  keel_status (*post_step)(keel_model* model);
+  /* KEEL_HOOK_* flags declaring which step hooks are capture-safe. */
+  uint32_t hook_flags;
+} keel_model_vtable;
+
+/* ---------------------------------------------------------------- clipper */
+
+typedef struct keel_clipper_vtable {
+  size_t struct_size;
+  /* Creates a clipper from its config table alone (max_norm, norm type, ...). Required. [once] */
+  keel_status (*create)(keel_host* host, const keel_config* config, keel_clipper** out);
+  /* Destroys the clipper. NULL-safe. Required. [once] */
+  void (*destroy)(keel_clipper* clipper);
+  /* Receives every parameter of every part this rank holds, once, before the first step, in
+   * the order later passed to clip(); lets a clipper sort them into static lists.
+   * Optional (NULL = no-op). [once][setup] */
+  keel_status (*bind_model_parts)(keel_clipper* clipper, const keel_param_info* const* params, size_t count);
+  /* Clips the gradients of `params` in place and writes the total norm (a 0-dim fp32 tensor
+   * on the parameters' device) into the host-owned slot `total_norm`. Never synchronises
+   * with the host. Required.
+   * [every step][collective: world][capture-safe if KEEL_HOOK_CLIP_CAPTURE_SAFE] */
+  keel_status (*clip)(keel_clipper* clipper, const keel_param_info* const* params, size_t count,
+                      keel_tensor* total_norm);
+  /* Lists the clipper's state tensors (saved in checkpoints under the clipper's name; the
+   * host loads by copying into them). Optional (NULL = stateless). [once] */
+  keel_status (*state)(keel_clipper* clipper, const keel_named_tensor* const** out, size_t* count);
+  /* KEEL_HOOK_CLIP_CAPTURE_SAFE when clip() is capture-safe. */
+  uint32_t hook_flags;
+} keel_clipper_vtable;
+
+/* ---------------------------------------------------------------- the descriptor */
+
+typedef enum keel_component_kind { KEEL_COMPONENT_MODEL = 1, KEEL_COMPONENT_CLIPPER = 2 } keel_component_kind;
+
+typedef struct keel_component {
+  size_t struct_size;
+  keel_component_kind kind;
+  const char* name; /* [a-z0-9_]+, unique within the plugin */
+  const char* description;
+  /* keel_model_vtable* for MODEL, keel_clipper_vtable* for CLIPPER. */
+  const void* vtable;
+} keel_component;
+
+typedef struct keel_plugin_descriptor {
+  size_t struct_size;
+  uint32_t abi_major;
+  uint32_t abi_minor;
+  const char* plugin_name;
+  const char* plugin_version;
+  /* The LibTorch the plugin was built against ("2.15.0") and its _GLIBCXX_USE_CXX11_ABI. */
+  const char* torch_version;
+  int32_t cxx11_abi;
+  const keel_component* const* components;
+  size_t num_components;
+} keel_plugin_descriptor;
+
+/* The plugin's one exported symbol; returns a descriptor with static storage. [once] */
+typedef const keel_plugin_descriptor* (*keel_plugin_entry_fn)(void);
+#define KEEL_PLUGIN_ENTRY_SYMBOL "keel_plugin_entry"
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KEEL_KEEL_H */

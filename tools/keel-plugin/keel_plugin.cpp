@@ -1,0 +1,80 @@
+// keel-plugin inspect PATH|NAME: runs the host's own validation on a plugin, then prints its
+// descriptor: ABI, LibTorch, components and which hooks they provide.
+#include <torch/headeronly/version.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <keel/keel.h>
+
+#include "common/error.hpp"
+#include "common/text.hpp"
+#include "plugins/plugin_registry.hpp"
+
+namespace {
+
+int usage(int status) {
+  std::fprintf(status == 0 ? stdout : stderr,
+               "Usage: keel-plugin inspect PATH|NAME [--plugin-path DIR]...\n"
+               "  Validates a plugin as keel-train does and prints its descriptor.\n");
+  return status;
+}
+
+std::string hooks(const keel_component& c) {
+  std::vector<std::string> out;
+  auto tag = [&](const char* name, bool present, bool capture_safe) {
+    if (present) out.push_back(keel::cat(name, capture_safe ? " [capture-safe]" : ""));
+  };
+  if (c.kind == KEEL_COMPONENT_MODEL) {
+    auto* v = static_cast<const keel_model_vtable*>(c.vtable);
+    tag("post_init", v->post_init != nullptr, false);
+    tag("pre_clip", v->pre_clip != nullptr, (v->hook_flags & KEEL_HOOK_PRE_CLIP_CAPTURE_SAFE) != 0);
+    tag("post_step", v->post_step != nullptr, false);
+  } else {
+    auto* v = static_cast<const keel_clipper_vtable*>(c.vtable);
+    tag("bind_model_parts", v->bind_model_parts != nullptr, false);
+    tag("clip", true, (v->hook_flags & KEEL_HOOK_CLIP_CAPTURE_SAFE) != 0);
+    tag("state", v->state != nullptr, false);
+  }
+  return out.empty() ? "none" : keel::join(out, ", ");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty()) return usage(2);
+  if (args[0] == "--help" || args[0] == "-h") return usage(0);
+  if (args[0] != "inspect") return usage(2);
+  std::string target;
+  std::vector<std::string> dirs;
+  for (size_t i = 1; i < args.size(); ++i) {
+    if (args[i] == "--plugin-path" && i + 1 < args.size())
+      dirs.push_back(args[++i]);
+    else if (target.empty())
+      target = args[i];
+    else
+      return usage(2);
+  }
+  if (target.empty()) return usage(2);
+  try {
+    keel::PluginRegistry registry(keel::plugin_search_path(dirs));
+    const keel::LoadedPlugin& plugin = registry.load(target);
+    const keel_plugin_descriptor& d = *plugin.descriptor;
+    std::printf("plugin     %s %s\n", d.plugin_name, d.plugin_version != nullptr ? d.plugin_version : "");
+    std::printf("file       %s\n", plugin.path.c_str());
+    std::printf("abi        %u.%u (host %d.%d)\n", d.abi_major, d.abi_minor, KEEL_ABI_MAJOR, KEEL_ABI_MINOR);
+    std::printf("libtorch   %s, C++11 ABI %d (host %s)\n", d.torch_version, d.cxx11_abi, TORCH_VERSION);
+    std::printf("components %zu\n", d.num_components);
+    for (size_t i = 0; i < d.num_components; ++i) {
+      const keel_component& c = *d.components[i];
+      std::printf("  %-8s %s — %s\n", keel::kind_name(c.kind), c.name, c.description != nullptr ? c.description : "");
+      std::printf("           hooks: %s\n", hooks(c).c_str());
+    }
+    return 0;
+  } catch (const keel::InputError& e) {
+    std::fprintf(stderr, "keel-plugin: %s\n", e.what());
+    return 2;
+  }
+}
