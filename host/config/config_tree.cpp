@@ -1,6 +1,8 @@
 #include "config/config_tree.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <sstream>
 
 #include "common/error.hpp"
@@ -22,7 +24,27 @@ const char* type_name(const toml::value& value) {
   }
 }
 
+// The shortest decimal that reads back as the same double, always with a '.' or exponent so
+// TOML keeps it a float (toml11 prints 17 digits: 0.00029999999999999997).
+std::string float_text(double value) {
+  if (!std::isfinite(value)) return value != value ? "nan" : value > 0 ? "inf" : "-inf";
+  for (int precision = 1; precision <= 17; ++precision) {
+    std::string text = format("%.*g", precision, value);
+    if (std::strtod(text.c_str(), nullptr) == value) {
+      if (text.find_first_of(".en") == std::string::npos) text += ".0";
+      return text;
+    }
+  }
+  return format("%.17g", value);
+}
+
 std::string value_text(const toml::value& value) {
+  if (value.is_floating()) return float_text(value.as_floating());
+  if (value.is_array()) {
+    std::vector<std::string> items;
+    for (const toml::value& item : value.as_array()) items.push_back(value_text(item));
+    return "[" + join(items, ", ") + "]";
+  }
   std::string text = toml::format(value);
   while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
   return text;

@@ -113,7 +113,9 @@ JobConfig read_job_config(ConfigTree& tree, int world_size, bool cuda_available)
   c.data.source = data.choice("source", "synthetic", {"synthetic", "tokens"});
   if (c.data.source == "tokens") {
     c.data.path = data.required_string("path");
+    if (data.has("branching")) data.invalid("branching", "applies to source = \"synthetic\" only");
   } else {
+    if (data.has("path")) data.invalid("path", "applies to source = \"tokens\" only");
     c.data.branching = at_least(data, "branching", 4, 1);
   }
   c.data.seed = static_cast<uint64_t>(at_least(data, "seed", seed, 0));

@@ -37,6 +37,8 @@ class Trainer {
   RunSummary run();
   /// Runs one step; returns its loss when `read_loss` (otherwise 0, avoiding a device sync).
   double step(int64_t step, bool read_loss);
+  /// The total gradient norm of the last step (reads the device).
+  double last_grad_norm() const { return last_norm_.item<double>(); }
   /// The optimizer (for tests and checkpoints).
   const AdamW& optimizer() const { return *optimizer_; }
   /// Writes the logical parameters and persistent buffers to `path` as safetensors.

@@ -1,0 +1,182 @@
+// Malformed job files: every refusal names the key and its position (file:line).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "common/error.hpp"
+#include "config/config_tree.hpp"
+#include "config/job_config.hpp"
+#include "test_support.hpp"
+#include "train/job.hpp"
+
+namespace keel {
+namespace {
+
+// The message of the InputError a host-only read of `text` raises, or "" when it is accepted.
+std::string host_error(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  try {
+    ConfigTree tree = ConfigTree::from_string(text, "job.toml");
+    for (const std::string& o : overrides) tree.set(o);
+    read_job_config(tree, 1, /*cuda_available=*/false);
+    tree.check_all_read();
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// The message of the InputError building the whole job raises (plugins included), or "".
+std::string job_error(const std::string& text) {
+  test::TempDir dir;
+  test::write_file(dir / "job.toml", text);
+  RunOptions options;
+  options.config_path = dir / "job.toml";
+  options.plugin_dirs = {test::plugin_dir()};
+  try {
+    Job job(options, /*meta=*/true);
+  } catch (const InputError& e) {
+    std::string message = e.what();
+    // Name the file as the host-only cases do.
+    for (size_t at; (at = message.find(options.config_path)) != std::string::npos;)
+      message.replace(at, options.config_path.size(), "job.toml");
+    return message;
+  }
+  return "";
+}
+
+const std::string kModel = "[model]\nplugin = \"llama3\"\n";  // lines 1-2
+
+struct Case {
+  const char* name;
+  std::string text;
+  std::string where;  // "job.toml:<line>" or the --set origin
+  std::string key;    // the dotted key or section named
+  std::string why;    // a phrase of the reason
+  std::vector<std::string> overrides = {};
+};
+
+class MalformedConfig : public ::testing::TestWithParam<Case> {};
+
+TEST_P(MalformedConfig, NamesKeyAndLine) {
+  const Case& c = GetParam();
+  std::string message = host_error(c.text, c.overrides);
+  ASSERT_FALSE(message.empty()) << c.name << " was accepted";
+  EXPECT_NE(message.find(c.where), std::string::npos) << message;
+  EXPECT_NE(message.find(c.key), std::string::npos) << message;
+  EXPECT_NE(message.find(c.why), std::string::npos) << message;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    HostSections, MalformedConfig,
+    ::testing::Values(
+        Case{"steps_is_a_string", kModel + "[training]\nsteps = \"ten\"\n", "job.toml:4", "training.steps",
+             "expected an integer, found a string"},
+        Case{"steps_zero", kModel + "[training]\nsteps = 0\n", "job.toml:4", "training.steps", "at least 1"},
+        Case{"unknown_key", kModel + "[training]\nsteps = 5\nstpes = 5\n", "job.toml:5", "training.stpes",
+             "unknown key"},
+        Case{"unknown_section", kModel + "\n[trainig]\nsteps = 5\n", "job.toml:4", "[trainig]", "unknown section"},
+        Case{"pp_exceeds_world", kModel + "[parallelism]\npp = 2\n", "job.toml:4", "parallelism.pp", "WORLD_SIZE"},
+        Case{"ep_does_not_divide_dp", kModel + "[parallelism]\nep = 2\n", "job.toml:4", "parallelism.ep",
+             "ep must divide dp"},
+        Case{"batch_not_divisible", kModel + "[parallelism]\nmicrobatches = 4\n[training]\nglobal_batch = 6\n",
+             "job.toml:6", "training.global_batch", "divisible by dp x microbatches = 4"},
+        Case{"negative_lr", kModel + "[optimizer]\nlr = -1.0\n", "job.toml:4", "optimizer.lr", "must be positive"},
+        Case{"one_beta", kModel + "[optimizer]\nbetas = [0.9]\n", "job.toml:4", "optimizer.betas", "two numbers"},
+        Case{"beta_not_a_number", kModel + "[optimizer]\nbetas = [0.9, \"x\"]\n", "job.toml:4", "optimizer.betas",
+             "expected an array of numbers"},
+        Case{"unknown_decay", kModel + "[lr_scheduler]\ndecay = \"exp\"\n", "job.toml:4", "lr_scheduler.decay",
+             "must be one of cosine, linear, constant"},
+        Case{"warmup_exceeds_steps", kModel + "[training]\nsteps = 10\n[lr_scheduler]\nwarmup_steps = 50\n",
+             "job.toml:6", "lr_scheduler.warmup_steps", "exceeds training.steps"},
+        Case{"token_source_without_path", kModel + "[data]\nsource = \"tokens\"\n", "job.toml:3", "data.path",
+             "required key is missing"},
+        Case{"no_model_plugin", "[training]\nsteps = 3\n[model]\nflavor = \"x\"\n", "job.toml:3", "model.plugin",
+             "required key is missing"},
+        Case{"bad_plugin_name", "[model]\nplugin = \"Llama-3\"\n", "job.toml:2", "model.plugin", "[a-z0-9_]+"},
+        Case{"log_interval_zero", kModel + "[metrics]\nlog_interval = 0\n", "job.toml:4", "metrics.log_interval",
+             "at least 1"},
+        Case{"unknown_device", kModel + "[training]\ndevice = \"tpu\"\n", "job.toml:4", "training.device",
+             "must be one of auto, cpu, cuda"},
+        Case{"cuda_without_gpu", kModel + "[training]\ndevice = \"cuda\"\n", "job.toml:4", "training.device",
+             "no CUDA device"},
+        Case{"graph_capture_on_cpu", kModel + "[optimizer]\ngraph_capture = \"on\"\n", "job.toml:4",
+             "optimizer.graph_capture", "needs training.device = \"cuda\""},
+        Case{"section_not_a_table", "training = 5\n" + kModel, "job.toml:1", "'training'", "must be a table"},
+        Case{"bool_as_string", kModel + "[checkpoint]\nsave_final = \"yes\"\n", "job.toml:4", "checkpoint.save_final",
+             "expected a boolean"},
+        Case{"min_lr_ratio_out_of_range", kModel + "[lr_scheduler]\nmin_lr_ratio = 2.0\n", "job.toml:4",
+             "lr_scheduler.min_lr_ratio", "must be in [0, 1]"},
+        Case{"override_wrong_type", kModel, "--set training.steps=abc", "training.steps", "expected an integer",
+             {"training.steps=abc"}},
+        Case{"override_unknown_key", kModel, "--set training.stepz=3", "training.stepz", "unknown key",
+             {"training.stepz=3"}}),
+    [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+
+TEST(ConfigSyntax, SyntaxErrorNamesFileAndLine) {
+  std::string message = host_error(kModel + "[training]\nsteps = = 3\n");
+  EXPECT_NE(message.find("job.toml"), std::string::npos) << message;
+  EXPECT_NE(message.find(" 4 | steps = = 3"), std::string::npos) << message;
+}
+
+TEST(ConfigOverride, MalformedAssignmentIsRefused) {
+  EXPECT_NE(host_error(kModel, {"steps=3"}).find("the key must be section.key"), std::string::npos);
+  EXPECT_NE(host_error(kModel, {"training.steps"}).find("expected section.key=value"), std::string::npos);
+}
+
+TEST(ConfigOverride, OverrideReplacesFileValueAndIsResolved) {
+  ConfigTree tree = ConfigTree::from_string(kModel + "[training]\nsteps = 5\n", "job.toml");
+  tree.set("training.steps=7");
+  tree.set("model.flavor=tiny");  // a bare word is a string
+  JobConfig c = read_job_config(tree, 1, false);
+  EXPECT_EQ(c.training.steps, 7);
+  EXPECT_EQ(tree.section("model").string("flavor", ""), "tiny");
+  EXPECT_NE(tree.resolved_toml().find("steps = 7"), std::string::npos) << tree.resolved_toml();
+}
+
+TEST(ConfigResolved, DefaultsAppearInResolvedConfig) {
+  ConfigTree tree = ConfigTree::from_string(kModel, "job.toml");
+  read_job_config(tree, 1, false);
+  std::string resolved = tree.resolved_toml();
+  EXPECT_NE(resolved.find("[optimizer]"), std::string::npos) << resolved;
+  EXPECT_NE(resolved.find("lr = 0.0003\n"), std::string::npos) << resolved;
+  EXPECT_NE(resolved.find("plugin = \"norm_clipper\""), std::string::npos) << resolved;
+}
+
+// Keys of the [model] and [clipper] tables are read by the plugins; the same rules hold.
+struct PluginCase {
+  const char* name;
+  std::string text;
+  std::string where, key, why;
+};
+
+class MalformedPluginConfig : public ::testing::TestWithParam<PluginCase> {};
+
+TEST_P(MalformedPluginConfig, NamesKeyAndLine) {
+  const PluginCase& c = GetParam();
+  std::string message = job_error(c.text);
+  ASSERT_FALSE(message.empty()) << c.name << " was accepted";
+  EXPECT_NE(message.find(c.where), std::string::npos) << message;
+  EXPECT_NE(message.find(c.key), std::string::npos) << message;
+  EXPECT_NE(message.find(c.why), std::string::npos) << message;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    PluginTables, MalformedPluginConfig,
+    ::testing::Values(
+        PluginCase{"model_dim_is_a_string", kModel + "flavor = \"tiny\"\ndim = \"big\"\n", "job.toml:4", "model.dim",
+                   "expected an integer"},
+        PluginCase{"model_unknown_key", kModel + "flavor = \"tiny\"\nflavr = \"tiny\"\n", "job.toml:4", "model.flavr",
+                   "unknown key"},
+        PluginCase{"model_heads_do_not_divide_dim", kModel + "flavor = \"tiny\"\nn_heads = 3\n", "job.toml:4",
+                   "model.n_heads", "must divide dim"},
+        PluginCase{"model_unknown_flavor", kModel + "flavor = \"huge\"\n", "job.toml:3", "model.flavor",
+                   "unknown flavor 'huge'"},
+        PluginCase{"clipper_negative_max_norm", kModel + "flavor = \"tiny\"\n[clipper]\nmax_norm = -1.0\n",
+                   "job.toml:5", "clipper.max_norm", "must be a positive number"},
+        PluginCase{"clipper_unknown_key", kModel + "flavor = \"tiny\"\n[clipper]\nmax_nrom = 1.0\n", "job.toml:5",
+                   "clipper.max_nrom", "unknown key"}),
+    [](const ::testing::TestParamInfo<PluginCase>& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace keel

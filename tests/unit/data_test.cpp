@@ -1,0 +1,125 @@
+// The synthetic source, token files, the global sample stream and safetensors files.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "checkpoint/safetensors.hpp"
+#include "common/error.hpp"
+#include "data/batch_stream.hpp"
+#include "data/synthetic_source.hpp"
+#include "data/token_file.hpp"
+#include "test_support.hpp"
+
+namespace keel {
+namespace {
+
+TEST(SyntheticSource, SameSeedAndIndexGiveTheSameSample) {
+  SyntheticSource a(512, 4, 9), b(512, 4, 9), c(512, 4, 10);
+  std::vector<int64_t> x(64), y(64), z(64), w(64);
+  a.sample(3, 64, x.data());
+  b.sample(3, 64, y.data());
+  c.sample(3, 64, z.data());
+  a.sample(4, 64, w.data());
+  EXPECT_EQ(x, y);
+  EXPECT_NE(x, z);
+  EXPECT_NE(x, w);
+}
+
+TEST(SyntheticSource, NextTokenHasExactlyBranchingChoicesGivenThePrevious) {
+  const int64_t vocab = 64, branching = 4;
+  SyntheticSource source(vocab, branching, 1);
+  std::map<int64_t, std::map<int64_t, int64_t>> transitions;
+  std::vector<int64_t> s(256);
+  for (uint64_t i = 0; i < 400; ++i) {
+    source.sample(i, 256, s.data());
+    for (size_t t = 1; t < s.size(); ++t) transitions[s[t - 1]][s[t]]++;
+  }
+  // Every previous token has exactly `branching` successors, uniformly used: the conditional
+  // entropy, and so the loss floor, is ln(branching).
+  double entropy = 0, total = 0;
+  for (const auto& [prev, next] : transitions) {
+    EXPECT_EQ(next.size(), static_cast<size_t>(branching)) << "token " << prev;
+    double n = 0;
+    for (const auto& [tok, count] : next) n += static_cast<double>(count);
+    for (const auto& [tok, count] : next) entropy -= static_cast<double>(count) * std::log(static_cast<double>(count) / n);
+    total += n;
+  }
+  EXPECT_NEAR(entropy / total, std::log(4.0), 0.01);
+  EXPECT_DOUBLE_EQ(*source.loss_floor(), std::log(4.0));
+}
+
+TEST(SyntheticSource, RefusesBranchingAboveVocab) { EXPECT_THROW(SyntheticSource(8, 9, 0), std::invalid_argument); }
+
+TEST(BatchStream, DataParallelRanksSplitTheGlobalStream) {
+  SyntheticSource source(128, 3, 5);
+  BatchStream whole(source, 16, 8, 1, 0), rank0(source, 16, 8, 2, 0), rank1(source, 16, 8, 2, 1);
+  for (int step = 0; step < 3; ++step) {
+    Batch all = whole.next(), a = rank0.next(), b = rank1.next();
+    EXPECT_TRUE(at::equal(at::cat({a.tokens, b.tokens}), all.tokens)) << "step " << step;
+    EXPECT_TRUE(at::equal(at::cat({a.labels, b.labels}), all.labels));
+    EXPECT_TRUE(at::equal(all.labels.slice(1, 0, 15), all.tokens.slice(1, 1, 16)));  // labels are next tokens
+  }
+  EXPECT_EQ(whole.position(), 24u);
+}
+
+TEST(TokenFile, RoundTripsAndSamplesWindows) {
+  test::TempDir dir;
+  std::vector<uint32_t> tokens;
+  for (uint32_t i = 0; i < 1000; ++i) tokens.push_back(i % 300);
+  write_token_file(dir / "t.bin", tokens, 300);
+  TokenFileSource source(dir / "t.bin", 1);
+  EXPECT_EQ(source.num_tokens(), 1000u);
+  EXPECT_EQ(source.vocab_size(), 300);
+  std::vector<int64_t> s(50);
+  source.sample(7, 50, s.data());
+  for (size_t t = 1; t < s.size(); ++t) EXPECT_EQ(s[t], (s[t - 1] + 1) % 300);  // a contiguous window
+}
+
+std::string open_error(const std::string& path) {
+  try {
+    TokenFileSource source(path, 0);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(TokenFile, BadMagicTruncationAndMissingFileAreRefusedNamingTheFile) {
+  test::TempDir dir;
+  test::write_file(dir / "text.bin", std::string(64, 'x'));
+  EXPECT_NE(open_error(dir / "text.bin").find("bad magic"), std::string::npos);
+  EXPECT_NE(open_error(dir / "text.bin").find(dir / "text.bin"), std::string::npos);
+  write_token_file(dir / "t.bin", std::vector<uint32_t>(100, 1), 10);
+  std::filesystem::resize_file(dir / "t.bin", 100);
+  EXPECT_NE(open_error(dir / "t.bin").find("header promises 100 tokens"), std::string::npos) << open_error(dir / "t.bin");
+  EXPECT_NE(open_error(dir / "none.bin").find("cannot open token file"), std::string::npos);
+}
+
+TEST(Safetensors, RoundTripsDtypesShapesAndMetadata) {
+  test::TempDir dir;
+  std::vector<std::pair<std::string, at::Tensor>> tensors = {
+      {"a.weight", at::randn({3, 4})}, {"b", at::arange(10, at::kLong)}, {"c", at::randn({2, 2}).to(at::kBFloat16)}};
+  write_safetensors(dir / "w.safetensors", tensors, {{"step", "7"}});
+  SafetensorsFile file = read_safetensors(dir / "w.safetensors");
+  ASSERT_EQ(file.tensors.size(), 3u);
+  for (const auto& [name, t] : tensors) EXPECT_TRUE(at::equal(file.tensors.at(name), t)) << name;
+  EXPECT_EQ(file.metadata.at("step"), "7");
+}
+
+TEST(Safetensors, TruncatedFileIsRefusedNamingFileAndKey) {
+  test::TempDir dir;
+  write_safetensors(dir / "w.safetensors", {{"big", at::randn({64, 64})}});
+  std::filesystem::resize_file(dir / "w.safetensors", 1000);
+  try {
+    read_safetensors(dir / "w.safetensors");
+    FAIL() << "accepted a truncated file";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("w.safetensors: big"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace keel
