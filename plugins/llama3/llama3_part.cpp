@@ -24,7 +24,11 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
 Part::Part(keel_host* host, const Args& args, const keel_part_spec& spec)
     : keel::Part(host), args_(args), spec_(spec), options_(keel::part_options(spec)) {
   const int64_t d = args.dim, hd = args.head_dim();
-  if (spec.stage_index == 0) tok_embeddings_ = &param("tok_embeddings.weight", {args.vocab_size, d});
+  if (spec.stage_index == 0) {
+    tok_embeddings_ = &param("tok_embeddings.weight", {args.vocab_size, d});
+    // A token reads one row of the table: 1 / vocab of it is "activated".
+    parameters().decls().back()->active_fraction = 1.0 / static_cast<double>(args.vocab_size);
+  }
   for (int i = spec.first_layer; i < spec.first_layer + spec.num_layers; ++i) {
     std::string p = "layers." + std::to_string(i) + ".";
     Block b{};

@@ -1,0 +1,116 @@
+// The modules of a DeepSeek-V3 part: MLA attention, the dense SwiGLU MLP, DeepSeekMoE with
+// aux-loss-free routing, the transformer block and the multi-token-prediction module. Each
+// declares its parameters (canonical FQNs) through a Declare and holds pointers to them.
+#pragma once
+
+#include <keel/keel.hpp>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "args.hpp"
+#include "rope.hpp"
+
+namespace deepseek_v3 {
+
+/// Declares parameters and buffers of one part on its device.
+struct Declare {
+  keel::ParamTable& params;
+  keel::ParamTable& buffers;
+  at::TensorOptions options;
+  std::string module_group = "main";  ///< "main" or "mtp", for parameter reports
+
+  /// A trainable parameter.
+  at::Tensor& param(const std::string& fqn, std::vector<int64_t> shape, uint32_t flags = 0, double active = 1.0,
+                    int64_t shard_offset = 0, int64_t global_dim = 0);
+  /// A buffer (fp32); persistent buffers are checkpointed.
+  at::Tensor& buffer(const std::string& fqn, std::vector<int64_t> shape, bool persistent);
+};
+
+/// RMSNorm in fp32, as the reference computes it.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+/// Multi-head latent attention.
+class Attention {
+ public:
+  Attention(Declare& d, const std::string& prefix, const Args& args);
+  at::Tensor forward(const at::Tensor& x, const RopeTables& rope) const;
+
+ private:
+  const Args& args_;
+  at::Tensor *wq_ = nullptr, *wq_a_ = nullptr, *q_norm_ = nullptr, *wq_b_ = nullptr;
+  at::Tensor *wkv_a_, *kv_norm_, *wkv_b_, *wo_;
+};
+
+/// SwiGLU feed-forward: w2(silu(w1 x) * w3 x).
+class Mlp {
+ public:
+  Mlp(Declare& d, const std::string& prefix, int64_t dim, int64_t hidden);
+  at::Tensor forward(const at::Tensor& x) const;
+
+ private:
+  at::Tensor *w1_, *w2_, *w3_;
+};
+
+/// DeepSeekMoE: shared experts plus top-k routed experts chosen with a bias that only steers
+/// the choice (aux-loss-free balancing); this rank holds experts [first, first + local).
+class Moe {
+ public:
+  Moe(Declare& d, const std::string& prefix, const Args& args, int64_t first_expert, int64_t local_experts);
+  at::Tensor forward(const at::Tensor& x);
+  /// Tokens routed to each expert since the last bias update, fp32 [n_routed_experts].
+  at::Tensor& tokens_per_expert() { return *tokens_per_expert_; }
+  /// The routing bias, fp32 [n_routed_experts].
+  at::Tensor& expert_bias() { return *expert_bias_; }
+  /// The layer's FQN prefix.
+  const std::string& prefix() const { return prefix_; }
+
+ private:
+  at::Tensor routed(const at::Tensor& x, const at::Tensor& indices, const at::Tensor& weights) const;
+
+  const Args& args_;
+  std::string prefix_;
+  int64_t first_expert_, local_experts_;
+  at::Tensor *gate_, *expert_bias_, *tokens_per_expert_;
+  at::Tensor *w1_, *w2_, *w3_;
+  std::optional<Mlp> shared_;
+};
+
+/// Pre-norm transformer block: x + attn(norm(x)), then + ffn(norm(x)).
+class Block {
+ public:
+  Block(Declare& d, const std::string& prefix, const Args& args, bool moe, int64_t first_expert, int64_t local_experts);
+  at::Tensor forward(const at::Tensor& x, const RopeTables& rope);
+  /// The MoE of this block, or nullptr for a dense block.
+  Moe* moe() { return moe_ ? &*moe_ : nullptr; }
+
+ private:
+  const Args& args_;
+  at::Tensor *attention_norm_, *ffn_norm_;
+  Attention attention_;
+  std::optional<Mlp> mlp_;
+  std::optional<Moe> moe_;
+};
+
+/// One MTP depth: eh_proj([enorm(embedding of the token k ahead); hnorm(previous hidden)]),
+/// one block, and a final norm before the shared output head.
+class MtpModule {
+ public:
+  MtpModule(Declare& d, const std::string& prefix, const Args& args, int64_t layer, int64_t first_expert,
+            int64_t local_experts);
+  /// The depth's hidden state from the previous one and the embeddings of the shifted tokens.
+  at::Tensor forward(const at::Tensor& previous, const at::Tensor& embedded, const RopeTables& rope);
+  /// The final norm's weight.
+  const at::Tensor& norm() const { return *norm_; }
+  /// The block (for its MoE).
+  Block& block() { return block_; }
+
+ private:
+  const Args& args_;
+  at::Tensor *enorm_, *hnorm_, *eh_proj_, *norm_;
+  Block block_;
+};
+
+}  // namespace deepseek_v3

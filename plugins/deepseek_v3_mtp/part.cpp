@@ -1,0 +1,152 @@
+#include "part.hpp"
+
+#include <keel/init.hpp>
+
+#include <cmath>
+
+namespace deepseek_v3 {
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Token-summed cross-entropy in fp32 over labelled positions.
+at::Tensor loss_sum(const at::Tensor& logits, const at::Tensor& labels) {
+  return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(at::kFloat), labels.reshape({-1}), std::nullopt,
+                                at::Reduction::Sum, KEEL_IGNORE_INDEX);
+}
+
+}  // namespace
+
+Part::Part(keel_host* host, const Args& a, const keel_part_spec& spec, int64_t first_expert, int64_t local_experts)
+    : keel::Part(host), args_(a), spec_(spec), options_(keel::part_options(spec)) {
+  const bool first = spec.stage_index == 0, last = spec.stage_index == spec.num_stages - 1;
+  Declare main{parameters(), buffers(), options_, "main"};
+  const bool needs_embedding = first || (last && a.num_mtp_layers > 0);
+  if (needs_embedding) {
+    embedding_replica_ = !first;
+    // A token reads one row of the table: 1 / vocab of it is "activated".
+    embedding_ = &main.param("tok_embeddings.weight", {a.vocab_size, a.dim}, embedding_replica_ ? KEEL_PARAM_REPLICA : 0,
+                             1.0 / static_cast<double>(a.vocab_size));
+  }
+  for (int64_t i = spec.first_layer; i < spec.first_layer + spec.num_layers; ++i)
+    blocks_.push_back(std::make_unique<Block>(main, "layers." + std::to_string(i) + ".", a, a.is_moe(i), first_expert,
+                                              local_experts));
+  if (last) {
+    norm_ = &main.param("norm.weight", {a.dim});
+    output_ = &main.param("output.weight", {a.vocab_size, a.dim});
+    Declare mtp{parameters(), buffers(), options_, "mtp"};
+    for (int64_t k = 0; k < a.num_mtp_layers; ++k)
+      mtp_.push_back(std::make_unique<MtpModule>(mtp, "mtp." + std::to_string(k) + ".", a, a.n_layers + k, first_expert,
+                                                 local_experts));
+  }
+}
+
+std::vector<Moe*> Part::moes() {
+  std::vector<Moe*> out;
+  for (auto& b : blocks_)
+    if (b->moe() != nullptr) out.push_back(b->moe());
+  for (auto& m : mtp_)
+    if (m->block().moe() != nullptr) out.push_back(m->block().moe());
+  return out;
+}
+
+void Part::init_weights(uint64_t seed) {
+  // torchtitan's DeepSeek-V3 scheme: unit norms, N(0, 1) embedding, a dim^-1/2 head, 0.02 for
+  // input projections and a depth-scaled std for the projections back into the residual.
+  const double depth_std = 0.02 / std::sqrt(2.0 * static_cast<double>(args_.n_layers + args_.num_mtp_layers));
+  for (const auto& decl : parameters().decls()) {
+    const std::string& fqn = decl->fqn;
+    at::Tensor& t = decl->tensor;
+    const bool projection_out = ends_with(fqn, "wo.weight") || ends_with(fqn, "w2.weight") || ends_with(fqn, "experts.w2");
+    const double std = projection_out ? depth_std : 0.02;
+    if (ends_with(fqn, "norm.weight")) {
+      keel::init::constant_(t, 1.0);
+    } else if (fqn == "tok_embeddings.weight") {
+      keel::init::normal_(t, seed, fqn, 1.0);  // the replica draws the owner's bits too
+    } else if (fqn == "output.weight") {
+      keel::init::truncated_normal_(t, seed, fqn, 1.0 / std::sqrt(static_cast<double>(args_.dim)));
+    } else if (decl->shard_dim == 0) {
+      // Each expert from its own generator: a sharded run draws the same experts.
+      for (int64_t e = 0; e < t.size(0); ++e) {
+        at::Tensor slice = t.select(0, e);
+        keel::init::truncated_normal_(slice, seed, fqn, std, 3.0, decl->shard_offset + e);
+      }
+    } else {
+      keel::init::truncated_normal_(t, seed, fqn, std);
+    }
+  }
+  for (const auto& decl : buffers().decls()) keel::init::constant_(decl->tensor, 0.0);
+}
+
+const RopeTables& Part::rope(int64_t seq) {
+  if (seq != rope_seq_) {
+    rope_ = rope_tables(args_, seq, options_.dtype(at::kFloat));
+    rope_seq_ = seq;
+  }
+  return rope_;
+}
+
+Part::Outputs Part::compute(const at::Tensor& tokens, const at::Tensor& labels, const at::Tensor* activation) {
+  Outputs out;
+  const bool first = spec_.stage_index == 0;
+  at::Tensor h = first ? at::embedding(*embedding_, tokens) : *activation;
+  const RopeTables& tables = rope(h.size(1));
+  for (auto& block : blocks_) h = block->forward(h, tables);
+  if (output_ == nullptr) {
+    out.activation = h;
+    return out;
+  }
+  out.logits = at::linear(rms_norm(h, *norm_, args_.norm_eps), *output_);
+  out.main_loss_sum = loss_sum(out.logits, labels);
+  out.main_tokens = labels.ne(KEEL_IGNORE_INDEX).sum();
+  out.loss_sum = out.main_loss_sum;
+  if (mtp_.empty()) return out;
+
+  // Depth k at position i embeds token i+k and predicts token i+k+1 (labels[i+k]); positions
+  // past the sequence are ignored. tokens_ahead = t_0 .. t_S from the tokens and labels.
+  const int64_t batch = tokens.size(0), seq = tokens.size(1);
+  at::Tensor ignored = labels.eq(KEEL_IGNORE_INDEX);
+  at::Tensor sequence = at::cat({tokens.slice(1, 0, 1), labels.masked_fill(ignored, 0)}, 1);
+  at::Tensor previous = h;
+  at::Tensor mtp_total = at::zeros({}, out.main_loss_sum.options());
+  for (size_t d = 0; d < mtp_.size(); ++d) {
+    const int64_t k = static_cast<int64_t>(d) + 1;
+    at::Tensor ahead = at::cat({sequence.slice(1, k, seq + 1), at::zeros({batch, k - 1}, tokens.options())}, 1);
+    at::Tensor targets = at::cat({labels.slice(1, k, seq), at::full({batch, k}, KEEL_IGNORE_INDEX, labels.options())}, 1);
+    // A target whose input token is itself unknown is ignored too.
+    at::Tensor input_unknown = at::cat({ignored.slice(1, k - 1, seq), at::ones({batch, k - 1}, ignored.options())}, 1);
+    targets = targets.masked_fill(input_unknown, KEEL_IGNORE_INDEX);
+    previous = mtp_[d]->forward(previous, at::embedding(*embedding_, ahead), tables);
+    at::Tensor logits = at::linear(rms_norm(previous, mtp_[d]->norm(), args_.norm_eps), *output_);
+    at::Tensor sum = loss_sum(logits, targets);
+    out.mtp_logits.push_back(logits);
+    out.mtp_loss_sums.push_back(sum);
+    out.mtp_tokens.push_back(targets.ne(KEEL_IGNORE_INDEX).sum());
+    mtp_total = mtp_total + sum;
+  }
+  out.loss_sum = out.main_loss_sum + mtp_total * (args_.mtp_loss_scale / static_cast<double>(mtp_.size()));
+  return out;
+}
+
+void Part::forward(const keel_forward_inputs& in, keel_forward_outputs& outputs) {
+  const at::Tensor* activation = in.activation != nullptr ? &keel::tensor(in.activation) : nullptr;
+  Outputs out = compute(keel::tensor(in.tokens), keel::tensor(in.labels), activation);
+  if (out.loss_sum.defined()) {
+    keel::Host host(this->host());
+    host.metric("lm_loss", out.main_loss_sum.detach() / out.main_tokens.clamp_min(1));
+    if (!out.mtp_loss_sums.empty()) {
+      at::Tensor mean = at::zeros({}, out.main_loss_sum.options());
+      for (size_t d = 0; d < out.mtp_loss_sums.size(); ++d)
+        mean = mean + out.mtp_loss_sums[d].detach() / out.mtp_tokens[d].clamp_min(1);
+      host.metric("mtp_loss", mean / static_cast<double>(out.mtp_loss_sums.size()));
+    }
+    keel::tensor(outputs.loss_sum) = out.loss_sum;
+  } else {
+    keel::tensor(outputs.activation) = out.activation;
+  }
+}
+
+}  // namespace deepseek_v3

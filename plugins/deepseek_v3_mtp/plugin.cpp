@@ -1,0 +1,112 @@
+// The deepseek_v3_mtp plugin: DeepSeek-V3 (MLA, DeepSeekMoE with aux-loss-free balancing)
+// with multi-token prediction. The model keeps its embedding replica exact itself: post_init
+// broadcasts the first stage's copy to the last stage, pre_clip sums the two gradients; the
+// expert bias is updated in post_step from the step's expert loads summed over dp.
+#include <keel/keel.hpp>
+#include <c10/core/GradMode.h>
+
+#include <memory>
+#include <vector>
+
+#include "args.hpp"
+#include "part.hpp"
+
+namespace {
+
+class DeepSeekV3 {
+ public:
+  static std::unique_ptr<DeepSeekV3> create(keel::Host host, keel::Config& config) {
+    deepseek_v3::Args args = deepseek_v3::read_args(config);
+    keel_mesh_info mesh = host.mesh();
+    if (args.n_routed_experts % mesh.ep != 0)
+      config.invalid("n_routed_experts", "must be divisible by parallelism.ep (" + std::to_string(mesh.ep) + "), got " +
+                                             std::to_string(args.n_routed_experts));
+    return std::unique_ptr<DeepSeekV3>(new DeepSeekV3(host, args, mesh));
+  }
+
+  keel::Host host() const { return host_; }
+
+  keel_model_info info() const {
+    keel_model_info info{};
+    info.vocab_size = args_.vocab_size;
+    info.num_layers = static_cast<int32_t>(args_.n_layers);
+    info.hidden_size = args_.dim;
+    return info;
+  }
+
+  keel::Part& build_part(const keel_part_spec& spec) {
+    const int64_t local = args_.n_routed_experts / mesh_.ep;
+    parts_.push_back(std::make_unique<deepseek_v3::Part>(host_.raw(), args_, spec, mesh_.ep_index * local, local));
+    return *parts_.back();
+  }
+
+  // The {first stage, last stage} group of this rank's data-parallel replica, created by every
+  // rank for every replica (a collective over the world), when the embedding has a replica.
+  void post_init() {
+    if (mesh_.pp > 1 && args_.num_mtp_layers > 0) {
+      for (int32_t r = 0; r < mesh_.dp; ++r) {
+        keel_group* g = host_.new_group({r, (mesh_.pp - 1) * mesh_.dp + r});
+        if (g != nullptr) embedding_group_ = g;
+      }
+    }
+    for (at::Tensor* e : embeddings()) {
+      c10::NoGradGuard no_grad;
+      at::Tensor data = e->detach();
+      host_.broadcast(embedding_group_, data, /*root=*/0);  // group rank 0 is the first stage
+    }
+  }
+
+  // After the DP reduction: both copies receive the sum of both gradients (same bits on both).
+  void pre_clip() {
+    for (at::Tensor* e : embeddings())
+      if (e->grad().defined()) {
+        at::Tensor grad = e->mutable_grad();
+        host_.all_reduce(embedding_group_, grad, KEEL_REDUCE_SUM);
+      }
+  }
+
+  // Aux-loss-free balancing: bias += coeff * sign(mean load - load), centred, from the step's
+  // loads summed over dp (every replica routes its own tokens).
+  void post_step() {
+    c10::NoGradGuard no_grad;
+    for (auto& part : parts_)
+      for (deepseek_v3::Moe* moe : part->moes()) {
+        at::Tensor& load = moe->tokens_per_expert();
+        host_.all_reduce(host_.group(KEEL_GROUP_DP), load, KEEL_REDUCE_SUM);
+        at::Tensor mean = load.mean();
+        host_.metric(("load_max_over_mean." + moe->prefix().substr(0, moe->prefix().size() - 5)).c_str(),
+                     load.max() / mean.clamp_min(1e-9), KEEL_METRIC_LAST);
+        if (args_.load_balance_coeff > 0) {
+          at::Tensor delta = args_.load_balance_coeff * at::sign(mean - load);
+          moe->expert_bias().add_(delta - delta.mean());
+        }
+        load.zero_();
+      }
+  }
+
+ private:
+  DeepSeekV3(keel::Host host, deepseek_v3::Args args, keel_mesh_info mesh) : host_(host), args_(args), mesh_(mesh) {}
+
+  // The embedding copies this rank holds when a replica exists (pp > 1 and MTP).
+  std::vector<at::Tensor*> embeddings() {
+    std::vector<at::Tensor*> out;
+    if (embedding_group_ == nullptr) return out;
+    for (auto& part : parts_)
+      if (part->embedding() != nullptr) out.push_back(part->embedding());
+    return out;
+  }
+
+  keel::Host host_;
+  deepseek_v3::Args args_;
+  keel_mesh_info mesh_;
+  keel_group* embedding_group_ = nullptr;
+  std::vector<std::unique_ptr<deepseek_v3::Part>> parts_;
+};
+
+}  // namespace
+
+KEEL_PLUGIN("deepseek_v3_mtp", "1.0.0",
+            keel::model_component<DeepSeekV3>("deepseek_v3_mtp",
+                                              "DeepSeek-V3: MLA, DeepSeekMoE with aux-loss-free balancing, "
+                                              "multi-token prediction",
+                                              KEEL_HOOK_PRE_CLIP_CAPTURE_SAFE))
