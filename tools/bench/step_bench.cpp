@@ -1,0 +1,53 @@
+// keel-bench-step: times whole training steps (forward, backward, clip, AdamW) of a job after
+// warm-up and prints the median, the spread and the peak memory.
+//   keel-bench-step --config FILE [--plugin-path DIR] [--warmup N] [--steps N] [--set k=v]...
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "common/error.hpp"
+#include "device/device.hpp"
+#include "train/job.hpp"
+#include "train/trainer.hpp"
+
+int main(int argc, char** argv) {
+  keel::RunOptions options;
+  int warmup = 3, steps = 10;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--config") options.config_path = value;
+    else if (flag == "--plugin-path") options.plugin_dirs.push_back(value);
+    else if (flag == "--set") options.overrides.push_back(value);
+    else if (flag == "--warmup") warmup = std::stoi(value);
+    else if (flag == "--steps") steps = std::stoi(value);
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
+      return 2;
+    }
+  }
+  try {
+    options.overrides.push_back("checkpoint.save_final=false");
+    options.overrides.push_back("metrics.jsonl=false");
+    options.overrides.push_back("training.steps=" + std::to_string(warmup + steps));
+    options.overrides.push_back("lr_scheduler.warmup_steps=1");
+    keel::Job job(options, false);
+    keel::Trainer trainer(job);
+    std::vector<double> times;
+    for (int s = 1; s <= warmup + steps; ++s) {
+      auto start = std::chrono::steady_clock::now();
+      trainer.step(s, /*read_loss=*/true);  // reading the loss waits for the step to finish
+      double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+      if (s > warmup) times.push_back(ms);
+    }
+    std::sort(times.begin(), times.end());
+    std::printf("keel step: median %.1f ms, min %.1f ms, max %.1f ms over %d steps; peak memory %.0f MiB\n",
+                times[times.size() / 2], times.front(), times.back(), steps,
+                keel::peak_memory_bytes(job.device()) / (1024.0 * 1024.0));
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "keel-bench-step: %s\n", e.what());
+    return 1;
+  }
+}
