@@ -14,17 +14,28 @@ namespace {
 
 const char* dtype_code(at::ScalarType t) {
   switch (t) {
-    case at::kFloat: return "F32";
-    case at::kDouble: return "F64";
-    case at::kBFloat16: return "BF16";
-    case at::kHalf: return "F16";
-    case at::kLong: return "I64";
-    case at::kInt: return "I32";
-    case at::kShort: return "I16";
-    case at::kChar: return "I8";
-    case at::kByte: return "U8";
-    case at::kBool: return "BOOL";
-    default: throw std::invalid_argument(cat("safetensors: unsupported dtype ", t));
+    case at::kFloat:
+      return "F32";
+    case at::kDouble:
+      return "F64";
+    case at::kBFloat16:
+      return "BF16";
+    case at::kHalf:
+      return "F16";
+    case at::kLong:
+      return "I64";
+    case at::kInt:
+      return "I32";
+    case at::kShort:
+      return "I16";
+    case at::kChar:
+      return "I8";
+    case at::kByte:
+      return "U8";
+    case at::kBool:
+      return "BOOL";
+    default:
+      throw std::invalid_argument(cat("safetensors: unsupported dtype ", t));
   }
 }
 
@@ -48,7 +59,8 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   for (const auto& [name, t] : tensors) {
     at::Tensor c = t.detach().to(at::kCPU).contiguous();
     auto bytes = static_cast<uint64_t>(c.nbytes());
-    header[name] = {{"dtype", dtype_code(c.scalar_type())}, {"shape", c.sizes().vec()}, {"data_offsets", {offset, offset + bytes}}};
+    header[name] = {
+        {"dtype", dtype_code(c.scalar_type())}, {"shape", c.sizes().vec()}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
     cpu.push_back(c);
   }
@@ -61,7 +73,8 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
     if (!out) throw std::runtime_error(cat("cannot write ", partial));
     out.write(reinterpret_cast<const char*>(&header_size), sizeof(header_size));  // little-endian hosts only
     out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    for (const at::Tensor& c : cpu) out.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.nbytes()));
+    for (const at::Tensor& c : cpu)
+      out.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.nbytes()));
     out.flush();
     if (!out) throw std::runtime_error(cat("cannot write ", partial, " (disk full?)"));
   }

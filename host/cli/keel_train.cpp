@@ -37,9 +37,15 @@ int train(const keel::RunOptions& options) {
   keel::log_info(keel::cat("resolved configuration (saved to ", (run_dir / "config.toml").string(), "):\n", resolved));
   keel::Trainer trainer(job);
   keel::RunSummary summary = trainer.run();
-  std::string floor = summary.loss_floor ? keel::format(", floor %.4f", *summary.loss_floor) : std::string();
-  keel::log_info(keel::format("done: %ld steps, loss %.4f -> %.4f%s", static_cast<long>(summary.steps_done),
-                              summary.first_loss, summary.final_loss, floor.c_str()));
+  std::vector<std::string> parts = {keel::format("done: %ld steps, loss %.4f -> %.4f",
+                                                 static_cast<long>(summary.steps_done), summary.first_loss,
+                                                 summary.final_loss)};
+  for (const auto& [name, last] : summary.final_metrics)
+    if (name.find("loss") != std::string::npos && summary.first_metrics.count(name) != 0)
+      parts.push_back(keel::format("%s %.4f -> %.4f", name.c_str(), summary.first_metrics.at(name), last));
+  std::string line = keel::join(parts, ", ");
+  if (summary.loss_floor) line.append(keel::format("; the data's next-token loss floor is %.4f", *summary.loss_floor));
+  keel::log_info(line);
   return 0;
 }
 
@@ -47,8 +53,8 @@ int train(const keel::RunOptions& options) {
 
 int main(int argc, char** argv) {
   po::options_description visible("Usage: keel-train --config FILE [options]");
-  visible.add_options()("help,h", "show this help")("version", "show versions")(
-      "config,c", po::value<std::string>(), "the job file (TOML)")(
+  visible.add_options()("help,h", "show this help")("version", "show versions")("config,c", po::value<std::string>(),
+                                                                                "the job file (TOML)")(
       "set", po::value<std::vector<std::string>>()->composing(), "override section.key=value (repeatable)")(
       "plugin-path", po::value<std::vector<std::string>>()->composing(),
       "a folder searched first for plugins (repeatable)")(

@@ -14,13 +14,20 @@ namespace {
 
 const char* type_name(const toml::value& value) {
   switch (value.type()) {
-    case toml::value_t::boolean: return "a boolean";
-    case toml::value_t::integer: return "an integer";
-    case toml::value_t::floating: return "a float";
-    case toml::value_t::string: return "a string";
-    case toml::value_t::array: return "an array";
-    case toml::value_t::table: return "a table";
-    default: return "a date or time";
+    case toml::value_t::boolean:
+      return "a boolean";
+    case toml::value_t::integer:
+      return "an integer";
+    case toml::value_t::floating:
+      return "a float";
+    case toml::value_t::string:
+      return "a string";
+    case toml::value_t::array:
+      return "an array";
+    case toml::value_t::table:
+      return "a table";
+    default:
+      return "a date or time";
   }
 }
 
@@ -84,12 +91,12 @@ ConfigTree ConfigTree::from_string(const std::string& text, const std::string& n
 void ConfigTree::set(const std::string& assignment) {
   const std::string origin = "--set " + assignment;
   size_t eq = assignment.find('=');
-  if (eq == std::string::npos || eq == 0)
-    throw InputError(cat(origin, ": expected section.key=value"));
+  if (eq == std::string::npos || eq == 0) throw InputError(cat(origin, ": expected section.key=value"));
   std::string dotted = assignment.substr(0, eq);
   std::string text = assignment.substr(eq + 1);
   size_t dot = dotted.find('.');
-  if (dot == std::string::npos || dot == 0 || dot + 1 == dotted.size() || dotted.find('.', dot + 1) != std::string::npos)
+  if (dot == std::string::npos || dot == 0 || dot + 1 == dotted.size() ||
+      dotted.find('.', dot + 1) != std::string::npos)
     throw InputError(cat(origin, ": the key must be section.key, got '", dotted, "'"));
 
   toml::value parsed;
@@ -120,8 +127,8 @@ ConfigSection ConfigTree::section(const std::string& name) {
     const toml::table& top = root_.as_table();
     auto it = top.find(name);
     if (it != top.end() && !it->second.is_table())
-      throw InputError(cat(where(it->second, name), ": '", name, "' must be a table ([", name, "]), found ",
-                           type_name(it->second)));
+      throw InputError(
+          cat(where(it->second, name), ": '", name, "' must be a table ([", name, "]), found ", type_name(it->second)));
   }
   read_.insert(name);
   return ConfigSection(*this, name);
@@ -159,15 +166,16 @@ void ConfigTree::record(const std::string& section, const std::string& key, cons
     k->second = effective;
 }
 
-void ConfigTree::collect_unread(const toml::value& table, const std::string& prefix, std::vector<std::string>& out) const {
+void ConfigTree::collect_unread(const toml::value& table, const std::string& prefix,
+                                std::vector<std::string>& out) const {
   for (const auto& [key, value] : table.as_table()) {
     std::string dotted = prefix.empty() ? key : prefix + "." + key;
     if (read_.count(dotted) != 0) {
       if (value.is_table() && prefix.empty()) collect_unread(value, dotted, out);
       continue;
     }
-    std::string what = prefix.empty() && value.is_table() ? cat("unknown section [", dotted, "]")
-                                                           : cat("unknown key '", dotted, "'");
+    std::string what =
+        prefix.empty() && value.is_table() ? cat("unknown section [", dotted, "]") : cat("unknown key '", dotted, "'");
     out.push_back(cat(where(value, dotted), ": ", what));
   }
 }
@@ -277,7 +285,8 @@ std::string ConfigSection::choice(const std::string& key, const std::string& fal
   return result;
 }
 
-std::vector<std::string> ConfigSection::strings(const std::string& key, const std::vector<std::string>& fallback) const {
+std::vector<std::string> ConfigSection::strings(const std::string& key,
+                                                const std::vector<std::string>& fallback) const {
   const toml::value* value = lookup(key);
   std::vector<std::string> result = fallback;
   if (value != nullptr) {

@@ -69,7 +69,8 @@ class ConfigSection {
   /// The string at `key`; absent is an error naming the table.
   std::string required_string(const std::string& key) const;
   /// The string at `key`, which must be one of `choices`.
-  std::string choice(const std::string& key, const std::string& fallback, const std::vector<std::string>& choices) const;
+  std::string choice(const std::string& key, const std::string& fallback,
+                     const std::vector<std::string>& choices) const;
   /// The array of strings at `key`, or `fallback`.
   std::vector<std::string> strings(const std::string& key, const std::vector<std::string>& fallback) const;
   /// The array of numbers at `key`, or `fallback`.

@@ -78,15 +78,17 @@ JobConfig read_job_config(ConfigTree& tree, int world_size, bool cuda_available)
   if (c.training.device == "cuda" && !cuda_available)
     tr.invalid("device", "'cuda' was asked for, but this LibTorch sees no CUDA device (use \"auto\" or \"cpu\")");
   c.training.threads = static_cast<int>(at_least(tr, "threads", 0, 0));
+  c.training.flush_denormal = tr.boolean("flush_denormal", true);
   int64_t ranks_per_step = int64_t{c.parallelism.dp} * c.parallelism.microbatches;
   if (c.training.global_batch % ranks_per_step != 0)
-    tr.invalid("global_batch", cat("must be divisible by dp x microbatches = ", ranks_per_step, ", got ",
-                                   c.training.global_batch));
+    tr.invalid("global_batch",
+               cat("must be divisible by dp x microbatches = ", ranks_per_step, ", got ", c.training.global_batch));
 
   ConfigSection opt = tree.section("optimizer");
   opt.choice("name", "adamw", {"adamw"});
   c.optimizer.lr = opt.real("lr", 3e-4);
-  if (!(c.optimizer.lr > 0) || !std::isfinite(c.optimizer.lr)) opt.invalid("lr", cat("must be positive, got ", c.optimizer.lr));
+  if (!(c.optimizer.lr > 0) || !std::isfinite(c.optimizer.lr))
+    opt.invalid("lr", cat("must be positive, got ", c.optimizer.lr));
   std::vector<double> betas = opt.reals("betas", {0.9, 0.95});
   if (betas.size() != 2 || !(betas[0] >= 0 && betas[0] < 1) || !(betas[1] >= 0 && betas[1] < 1))
     opt.invalid("betas", "must be two numbers in [0, 1), e.g. [0.9, 0.95]");
@@ -98,9 +100,10 @@ JobConfig read_job_config(ConfigTree& tree, int world_size, bool cuda_available)
   c.optimizer.no_decay = opt.strings("no_decay", {"*norm*", "*bias"});
   c.optimizer.graph_capture = opt.choice("graph_capture", "auto", {"auto", "on", "off"});
   if (c.optimizer.graph_capture == "on")
-    opt.invalid("graph_capture", c.training.device == "cpu"
-                                     ? "\"on\" needs training.device = \"cuda\"; CPU runs the step program eagerly (use \"auto\")"
-                                     : "capture of the step program is not available in this version; use \"auto\" (eager)");
+    opt.invalid("graph_capture",
+                c.training.device == "cpu"
+                    ? "\"on\" needs training.device = \"cuda\"; CPU runs the step program eagerly (use \"auto\")"
+                    : "capture of the step program is not available in this version; use \"auto\" (eager)");
 
   ConfigSection lr = tree.section("lr_scheduler");
   c.lr_scheduler.warmup_steps = at_least(lr, "warmup_steps", 0, 0);

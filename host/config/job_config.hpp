@@ -35,7 +35,9 @@ struct TrainingSection {
   uint64_t seed = 0;
   std::string dtype = "fp32";
   std::string device = "cpu";  ///< resolved: "cpu" or "cuda"
-  int threads = 0;  ///< 0 = LibTorch's default
+  int threads = 0;             ///< 0 = LibTorch's default
+  bool flush_denormal = true;  ///< CPU: treat subnormal floats as zero (Adam's second moments
+                               ///< of tiny gradients otherwise slow every step down several-fold)
 };
 
 struct OptimizerSection {

@@ -1,12 +1,15 @@
 #include "data/batch_stream.hpp"
 
-
 #include <vector>
 
 namespace keel {
 
 BatchStream::BatchStream(const TokenSource& source, int64_t seq_len, int64_t global_batch, int dp, int dp_index)
-    : source_(source), seq_len_(seq_len), global_batch_(global_batch), local_batch_(global_batch / dp), dp_index_(dp_index) {}
+    : source_(source),
+      seq_len_(seq_len),
+      global_batch_(global_batch),
+      local_batch_(global_batch / dp),
+      dp_index_(dp_index) {}
 
 Batch BatchStream::next() {
   Batch batch;

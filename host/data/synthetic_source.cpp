@@ -11,8 +11,8 @@ namespace keel {
 SyntheticSource::SyntheticSource(int64_t vocab_size, int64_t branching, uint64_t seed)
     : vocab_(vocab_size), branching_(branching), seed_(seed), successor_(static_cast<size_t>(vocab_size)) {
   if (vocab_size < 1 || branching < 1 || branching > vocab_size)
-    throw std::invalid_argument(cat("synthetic data needs 1 <= branching <= vocab; got branching ", branching,
-                                    ", vocab ", vocab_size));
+    throw std::invalid_argument(
+        cat("synthetic data needs 1 <= branching <= vocab; got branching ", branching, ", vocab ", vocab_size));
   std::iota(successor_.begin(), successor_.end(), int64_t{0});
   uint64_t state = seed ^ 0x5EEDDA7AULL;
   for (size_t i = successor_.size(); i > 1; --i) std::swap(successor_[i - 1], successor_[splitmix64(state) % i]);
@@ -33,7 +33,8 @@ void SyntheticSource::sample(uint64_t index, int64_t length, int64_t* out) const
 
 std::string SyntheticSource::describe() const {
   return format("synthetic bigram data: vocab %ld, branching %ld, loss floor ln(%ld) = %.4f", static_cast<long>(vocab_),
-                static_cast<long>(branching_), static_cast<long>(branching_), std::log(static_cast<double>(branching_)));
+                static_cast<long>(branching_), static_cast<long>(branching_),
+                std::log(static_cast<double>(branching_)));
 }
 
 std::optional<double> SyntheticSource::loss_floor() const { return std::log(static_cast<double>(branching_)); }

@@ -77,10 +77,13 @@ TokenFileSource::TokenFileSource(const std::string& path, uint64_t seed) : path_
     map_ = nullptr;
     throw InputError(cat("token file ", path, ": ", why));
   };
-  if (std::memcmp(header.magic, kMagic, sizeof(kMagic)) != 0) fail("bad magic (not a KEELTOK1 file; build one with keel-data)");
+  if (std::memcmp(header.magic, kMagic, sizeof(kMagic)) != 0)
+    fail("bad magic (not a KEELTOK1 file; build one with keel-data)");
   if (header.width != 2 && header.width != 4) fail(cat("bytes per token is ", header.width, ", expected 2 or 4"));
   uint64_t expected = kHeaderSize + header.num_tokens * header.width;
-  if (expected != map_size_) fail(cat("header promises ", header.num_tokens, " tokens (", expected, " bytes) but the file has ", map_size_, " bytes"));
+  if (expected != map_size_)
+    fail(cat("header promises ", header.num_tokens, " tokens (", expected, " bytes) but the file has ", map_size_,
+             " bytes"));
   if (header.vocab_size == 0) fail("vocabulary size is 0");
   width_ = header.width;
   num_tokens_ = header.num_tokens;

@@ -12,8 +12,8 @@ void check_peer(int peer, const char* what) {
 }
 void check_same_shape(const at::Tensor& output, const at::Tensor& input, const char* what) {
   if (output.sizes() != input.sizes())
-    throw std::invalid_argument(cat(what, ": output shape ", output.sizes(), " differs from input ", input.sizes(),
-                                    " in a group of 1"));
+    throw std::invalid_argument(
+        cat(what, ": output shape ", output.sizes(), " differs from input ", input.sizes(), " in a group of 1"));
 }
 }  // namespace
 

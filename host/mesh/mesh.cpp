@@ -41,8 +41,8 @@ keel_mesh_info MeshLayout::info() const {
 
 Mesh::Mesh(const MeshLayout& layout) : layout_(layout) {
   if (layout.world() != 1)
-    throw std::invalid_argument(cat("this build runs single-rank meshes only; the layout asks for ", layout.world(),
-                                    " ranks"));
+    throw std::invalid_argument(
+        cat("this build runs single-rank meshes only; the layout asks for ", layout.world(), " ranks"));
   for (int kind = KEEL_GROUP_WORLD; kind <= KEEL_GROUP_EDP; ++kind)
     groups_.push_back(std::make_unique<SoloGroup>(layout.rank));
 }

@@ -19,9 +19,15 @@ void StepMetrics::report(const std::string& name, const at::Tensor& value, keel_
   if (e.reduce != reduce) throw std::invalid_argument(cat("metric '", name, "' reported with two reductions"));
   switch (reduce) {
     case KEEL_METRIC_MEAN:
-    case KEEL_METRIC_SUM: e.value.add_(v); break;
-    case KEEL_METRIC_MAX: e.value = at::maximum(e.value, v); break;
-    case KEEL_METRIC_LAST: e.value = v.clone(); break;
+    case KEEL_METRIC_SUM:
+      e.value.add_(v);
+      break;
+    case KEEL_METRIC_MAX:
+      e.value = at::maximum(e.value, v);
+      break;
+    case KEEL_METRIC_LAST:
+      e.value = v.clone();
+      break;
   }
   ++e.count;
 }

@@ -16,8 +16,8 @@ struct AdamWOptions {
 /// One parameter under the optimizer.
 struct OptimParam {
   std::string fqn;
-  at::Tensor param;  ///< the parameter (its .grad() is read)
-  bool decay = true; ///< weight decay applies
+  at::Tensor param;   ///< the parameter (its .grad() is read)
+  bool decay = true;  ///< weight decay applies
 };
 
 /// AdamW state and step. Parameters with and without weight decay are stepped as two fused

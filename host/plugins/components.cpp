@@ -71,7 +71,9 @@ std::vector<ParamRef> ModelPart::list(bool buffers) {
   return out;
 }
 
-void ModelPart::init_weights(uint64_t seed) { model_.context().check(model_.vtable().init_weights(raw_, seed), "init_weights"); }
+void ModelPart::init_weights(uint64_t seed) {
+  model_.context().check(model_.vtable().init_weights(raw_, seed), "init_weights");
+}
 
 at::Tensor ModelPart::forward(const at::Tensor& tokens, const at::Tensor& labels, const at::Tensor* activation,
                               int microbatch, int num_microbatches) {

@@ -93,7 +93,8 @@ struct HostApi {
   }
   static keel_status mesh_info(keel_host* host, keel_mesh_info* out) {
     return run(host, KEEL_ERROR_RUNTIME, [&] {
-      if (out == nullptr || out->struct_size < sizeof(size_t)) throw std::invalid_argument("mesh_info: bad output struct");
+      if (out == nullptr || out->struct_size < sizeof(size_t))
+        throw std::invalid_argument("mesh_info: bad output struct");
       keel_mesh_info info = ctx(host).services_.mesh->layout().info();
       size_t n = std::min(out->struct_size, sizeof(info));
       info.struct_size = out->struct_size;
@@ -132,7 +133,8 @@ struct HostApi {
       no_work(work);
     });
   }
-  static keel_status all_gather(keel_host* host, keel_group* g, keel_tensor* out, const keel_tensor* in, keel_work** work) {
+  static keel_status all_gather(keel_host* host, keel_group* g, keel_tensor* out, const keel_tensor* in,
+                                keel_work** work) {
     return run(host, KEEL_ERROR_RUNTIME, [&] {
       group_of(g).all_gather(tensor(out), tensor(in));
       no_work(work);
@@ -172,7 +174,8 @@ struct HostApi {
   static keel_status report_metric(keel_host* host, const char* name, const keel_tensor* value,
                                    keel_metric_reduce reduce) {
     return run(host, KEEL_ERROR_INVALID_ARGUMENT, [&] {
-      if (name == nullptr || value == nullptr) throw std::invalid_argument("report_metric: name and value are required");
+      if (name == nullptr || value == nullptr)
+        throw std::invalid_argument("report_metric: name and value are required");
       ctx(host).services_.metrics->report(name, tensor(value), reduce);
     });
   }

@@ -82,12 +82,13 @@ void validate_components(const std::string& path, const keel_plugin_descriptor& 
     if (!valid_name(c->name))
       throw InputError(cat("plugin ", path, ": component #", i, " has an invalid name (want [a-z0-9_]+)"));
     if (c->kind != KEEL_COMPONENT_MODEL && c->kind != KEEL_COMPONENT_CLIPPER)
-      throw InputError(cat("plugin ", path, ": component '", c->name, "' has unknown kind ", static_cast<int>(c->kind)));
+      throw InputError(
+          cat("plugin ", path, ": component '", c->name, "' has unknown kind ", static_cast<int>(c->kind)));
     size_t vtable_size = c->kind == KEEL_COMPONENT_MODEL ? sizeof(keel_model_vtable) : sizeof(keel_clipper_vtable);
     size_t have = c->vtable == nullptr ? 0 : *static_cast<const size_t*>(c->vtable);
     if (have < vtable_size)
-      throw InputError(cat("plugin ", path, ": component '", c->name, "' has a ", kind_name(c->kind), " vtable of ", have,
-                           " bytes, this host needs ", vtable_size, " (ABI 1.0)"));
+      throw InputError(cat("plugin ", path, ": component '", c->name, "' has a ", kind_name(c->kind), " vtable of ",
+                           have, " bytes, this host needs ", vtable_size, " (ABI 1.0)"));
     std::vector<std::string> missing = missing_functions(*c);
     if (!missing.empty())
       throw InputError(cat("plugin ", path, ": ", kind_name(c->kind), " component '", c->name,
@@ -123,8 +124,8 @@ std::string PluginRegistry::locate(const std::string& name) const {
   }
   std::sort(found.begin(), found.end());
   found.erase(std::unique(found.begin(), found.end()), found.end());
-  throw InputError(cat("plugin '", name, "' not found; looked for ", name, ".so in: ",
-                       search_path_.empty() ? std::string("(no directories)") : join(search_path_, ", "),
+  throw InputError(cat("plugin '", name, "' not found; looked for ", name,
+                       ".so in: ", search_path_.empty() ? std::string("(no directories)") : join(search_path_, ", "),
                        "; found: ", found.empty() ? std::string("no plugins") : join(found, ", "),
                        ". Add its folder with --plugin-path or KEEL_PLUGIN_PATH."));
 }
@@ -143,7 +144,8 @@ const LoadedPlugin& PluginRegistry::load(const std::string& name_or_path) {
   // 1. open
   auto loaded = std::make_unique<LoadedLibrary>();
   try {
-    loaded->library.load(boost::dll::fs::path(path), boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
+    loaded->library.load(boost::dll::fs::path(path),
+                         boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
   } catch (const std::exception& e) {
     throw InputError(cat("cannot open plugin ", path, ": ", e.what()));
   }
@@ -195,8 +197,8 @@ const keel_component& PluginRegistry::component(const std::string& name_or_path,
     }
     available.push_back(cat(c.name, " (", kind_name(c.kind), ")"));
   }
-  throw InputError(cat("plugin ", plugin.path, " has no component '", component, "'; it has: ",
-                       available.empty() ? std::string("none") : join(available, ", "),
+  throw InputError(cat("plugin ", plugin.path, " has no component '", component,
+                       "'; it has: ", available.empty() ? std::string("none") : join(available, ", "),
                        ". Choose one with the 'component' key."));
 }
 

@@ -22,9 +22,10 @@ void add(ParamCount& count, const ParamRef& p) {
 }
 
 std::string line(const std::string& label, const ParamCount& c) {
-  return format("  %-10s %14ld parameters (%s), activated %s%s\n", label.c_str(), static_cast<long>(c.total),
-                human_count(static_cast<double>(c.total)).c_str(), human_count(c.activated).c_str(),
-                c.replicas > 0 ? format(", replicas %s", human_count(static_cast<double>(c.replicas)).c_str()).c_str() : "");
+  return format(
+      "  %-10s %14ld parameters (%s), activated %s%s\n", label.c_str(), static_cast<long>(c.total),
+      human_count(static_cast<double>(c.total)).c_str(), human_count(c.activated).c_str(),
+      c.replicas > 0 ? format(", replicas %s", human_count(static_cast<double>(c.replicas)).c_str()).c_str() : "");
 }
 
 }  // namespace

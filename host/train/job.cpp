@@ -20,7 +20,8 @@ int env_int(const char* name, int fallback) {
   if (text == nullptr || *text == '\0') return fallback;
   char* end = nullptr;
   long value = std::strtol(text, &end, 10);
-  if (*end != '\0' || value < 0) throw InputError(cat("environment variable ", name, "='", text, "' is not a rank count"));
+  if (*end != '\0' || value < 0)
+    throw InputError(cat("environment variable ", name, "='", text, "' is not a rank count"));
   return static_cast<int>(value);
 }
 
@@ -40,15 +41,18 @@ Job::Job(const RunOptions& options, bool meta) : tree_(load_tree(options)) {
   config_ = read_job_config(tree_, world, cuda_available());
   const ParallelismSection& par = config_.parallelism;
   if (world != 1)
-    throw InputError(cat("WORLD_SIZE=", world, ": this version of keel-train runs one rank; multi-rank meshes "
+    throw InputError(cat("WORLD_SIZE=", world,
+                         ": this version of keel-train runs one rank; multi-rank meshes "
                          "(parallelism.pp/dp/ep > 1) are not available yet"));
   mesh_ = std::make_unique<Mesh>(MeshLayout::compute(par.pp, par.dp, par.ep, rank));
   set_log_rank(rank);
   device_ = meta ? at::Device(at::kMeta) : resolve_device(config_.training.device, local_rank);
   if (config_.training.threads > 0) at::set_num_threads(config_.training.threads);
+  at::globalContext().setFlushDenormal(config_.training.flush_denormal);
 
   registry_ = std::make_unique<PluginRegistry>(plugin_search_path(options.plugin_dirs));
-  const keel_component& model_c = registry_->component(config_.model.plugin, config_.model.component, KEEL_COMPONENT_MODEL);
+  const keel_component& model_c =
+      registry_->component(config_.model.plugin, config_.model.component, KEEL_COMPONENT_MODEL);
   const keel_component& clipper_c =
       registry_->component(config_.clipper.plugin, config_.clipper.component, KEEL_COMPONENT_CLIPPER);
   model_path_ = registry_->load(config_.model.plugin).path;

@@ -27,7 +27,8 @@ std::unique_ptr<TokenSource> open_source(Job& job) {
   if (data.source == "tokens") {
     auto source = std::make_unique<TokenFileSource>(data.path, data.seed);
     if (source->vocab_size() > vocab)
-      section.invalid("path", cat("the token file's vocabulary (", source->vocab_size(), ") exceeds the model's (", vocab, ")"));
+      section.invalid(
+          "path", cat("the token file's vocabulary (", source->vocab_size(), ") exceeds the model's (", vocab, ")"));
     return source;
   }
   if (data.branching > vocab)
@@ -61,14 +62,16 @@ Trainer::Trainer(Job& job) : job_(job) {
     optim_params.push_back({p.fqn, *p.tensor, decays(p.fqn, c.optimizer.no_decay)});
   }
   job.clipper().bind_model_parts(param_infos_);
-  optimizer_ = std::make_unique<AdamW>(std::move(optim_params), AdamWOptions{c.optimizer.beta1, c.optimizer.beta2,
-                                                                             c.optimizer.eps, c.optimizer.weight_decay});
+  optimizer_ = std::make_unique<AdamW>(
+      std::move(optim_params),
+      AdamWOptions{c.optimizer.beta1, c.optimizer.beta2, c.optimizer.eps, c.optimizer.weight_decay});
   schedule_ = std::make_unique<LrSchedule>(c.optimizer.lr, c.lr_scheduler.warmup_steps, c.training.steps,
                                            c.lr_scheduler.decay, c.lr_scheduler.min_lr_ratio);
   lr_ = at::full({}, schedule_->at(1), at::TensorOptions().dtype(at::kFloat).device(job.device()));
   source_ = open_source(job);
   const MeshLayout& mesh = job.mesh().layout();
-  stream_ = std::make_unique<BatchStream>(*source_, c.training.seq_len, c.training.global_batch, mesh.dp, mesh.dp_index);
+  stream_ =
+      std::make_unique<BatchStream>(*source_, c.training.seq_len, c.training.global_batch, mesh.dp, mesh.dp_index);
 }
 
 void Trainer::reduce_gradients() {
@@ -140,8 +143,9 @@ void Trainer::save_weights(const std::string& path, int64_t step) const {
       if (b.persistent() && !b.replica()) tensors.push_back({b.fqn, *b.tensor});
   }
   fs::create_directories(fs::path(path).parent_path());
-  write_safetensors(path, tensors,
-                    {{"format", "keel-weights"}, {"step", std::to_string(step)}, {"model", job_.config().model.plugin}});
+  write_safetensors(
+      path, tensors,
+      {{"format", "keel-weights"}, {"step", std::to_string(step)}, {"model", job_.config().model.plugin}});
 }
 
 RunSummary Trainer::run() {
@@ -178,8 +182,12 @@ RunSummary Trainer::run() {
       r.skipped = last_found_inf_.item<float>() != 0.0f;
       r.plugin_metrics = job_.step_metrics().resolve();
       log.write(r);
-      if (s == 1) summary.first_loss = loss;
+      if (s == 1) {
+        summary.first_loss = loss;
+        summary.first_metrics = r.plugin_metrics;
+      }
       summary.final_loss = loss;
+      summary.final_metrics = r.plugin_metrics;
       interval_start = clock::now();
       interval_steps = 0;
     }

@@ -6,7 +6,9 @@
 
 #include <ATen/ATen.h>
 
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +25,7 @@ namespace keel {
 struct RunSummary {
   int64_t steps_done = 0;
   double first_loss = 0, final_loss = 0;
+  std::map<std::string, double> first_metrics, final_metrics;  ///< plugin metrics of the logged steps
   std::optional<double> loss_floor;
   int stop_signal = 0;  ///< the signal that stopped the run early, or 0
   std::string weights_path;

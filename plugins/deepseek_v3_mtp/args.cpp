@@ -53,7 +53,8 @@ Args v3() {
 }
 
 const std::map<std::string, Args>& flavors() {
-  static const std::map<std::string, Args> table = {{"tiny", tiny()}, {"debug", debug()}, {"16b", v2_lite()}, {"671b", v3()}};
+  static const std::map<std::string, Args> table = {
+      {"tiny", tiny()}, {"debug", debug()}, {"16b", v2_lite()}, {"671b", v3()}};
   return table;
 }
 
@@ -120,7 +121,8 @@ Args read_args(keel::Config& c) {
   at_least("n_limited_groups", a.n_limited_groups, 1);
   at_least("original_seq_len", a.original_seq_len, 1);
   at_least("num_mtp_layers", a.num_mtp_layers, 0);
-  if (a.qk_rope_head_dim % 2 != 0) c.invalid("qk_rope_head_dim", "must be even (rotary pairs), got " + str(a.qk_rope_head_dim));
+  if (a.qk_rope_head_dim % 2 != 0)
+    c.invalid("qk_rope_head_dim", "must be even (rotary pairs), got " + str(a.qk_rope_head_dim));
   if (a.n_dense_layers > a.n_layers)
     c.invalid("n_dense_layers", "exceeds n_layers (" + str(a.n_layers) + "), got " + str(a.n_dense_layers));
   if (a.score_func != "softmax" && a.score_func != "sigmoid")
@@ -128,9 +130,11 @@ Args read_args(keel::Config& c) {
   if (a.top_k > a.n_routed_experts)
     c.invalid("top_k", "exceeds n_routed_experts (" + str(a.n_routed_experts) + "), got " + str(a.top_k));
   if (a.n_routed_experts % a.n_expert_groups != 0)
-    c.invalid("n_expert_groups", "must divide n_routed_experts (" + str(a.n_routed_experts) + "), got " + str(a.n_expert_groups));
+    c.invalid("n_expert_groups",
+              "must divide n_routed_experts (" + str(a.n_routed_experts) + "), got " + str(a.n_expert_groups));
   if (a.n_limited_groups > a.n_expert_groups)
-    c.invalid("n_limited_groups", "exceeds n_expert_groups (" + str(a.n_expert_groups) + "), got " + str(a.n_limited_groups));
+    c.invalid("n_limited_groups",
+              "exceeds n_expert_groups (" + str(a.n_expert_groups) + "), got " + str(a.n_limited_groups));
   if (a.top_k > a.n_limited_groups * (a.n_routed_experts / a.n_expert_groups))
     c.invalid("top_k", "exceeds the experts of the n_limited_groups groups a token may use (" +
                            str(a.n_limited_groups * (a.n_routed_experts / a.n_expert_groups)) + ")");
@@ -138,7 +142,8 @@ Args read_args(keel::Config& c) {
   if (!(a.load_balance_coeff >= 0)) c.invalid("load_balance_coeff", "must be non-negative");
   if (!(a.rope_theta > 0)) c.invalid("rope_theta", "must be positive");
   if (!(a.rope_factor >= 1)) c.invalid("rope_factor", "must be at least 1 (1 = no YaRN)");
-  if (!(a.beta_fast > a.beta_slow) || !(a.beta_slow > 0)) c.invalid("beta_fast", "YaRN needs beta_fast > beta_slow > 0");
+  if (!(a.beta_fast > a.beta_slow) || !(a.beta_slow > 0))
+    c.invalid("beta_fast", "YaRN needs beta_fast > beta_slow > 0");
   if (!(a.norm_eps > 0)) c.invalid("norm_eps", "must be positive");
   if (!(a.mtp_loss_scale >= 0)) c.invalid("mtp_loss_scale", "must be non-negative");
   return a;

@@ -58,19 +58,21 @@ Attention::Attention(Declare& d, const std::string& p, const Args& a) : args_(a)
 at::Tensor Attention::forward(const at::Tensor& x, const RopeTables& rope) const {
   const Args& a = args_;
   const int64_t b = x.size(0), s = x.size(1), h = a.n_heads;
-  at::Tensor q = wq_ != nullptr ? at::linear(x, *wq_) : at::linear(rms_norm(at::linear(x, *wq_a_), *q_norm_, a.norm_eps), *wq_b_);
+  at::Tensor q =
+      wq_ != nullptr ? at::linear(x, *wq_) : at::linear(rms_norm(at::linear(x, *wq_a_), *q_norm_, a.norm_eps), *wq_b_);
   q = q.view({b, s, h, a.qk_head_dim()});
   std::vector<at::Tensor> q_parts = q.split({a.qk_nope_head_dim, a.qk_rope_head_dim}, -1);
   std::vector<at::Tensor> kv_parts = at::linear(x, *wkv_a_).split({a.kv_lora_rank, a.qk_rope_head_dim}, -1);
   at::Tensor k_rope = apply_rope(kv_parts[1].view({b, s, 1, a.qk_rope_head_dim}), rope);
   at::Tensor q_rope = apply_rope(q_parts[1], rope);
-  at::Tensor kv = at::linear(rms_norm(kv_parts[0], *kv_norm_, a.norm_eps), *wkv_b_).view({b, s, h, a.qk_nope_head_dim + a.v_head_dim});
+  at::Tensor kv = at::linear(rms_norm(kv_parts[0], *kv_norm_, a.norm_eps), *wkv_b_)
+                      .view({b, s, h, a.qk_nope_head_dim + a.v_head_dim});
   std::vector<at::Tensor> k_v = kv.split({a.qk_nope_head_dim, a.v_head_dim}, -1);
   at::Tensor query = at::cat({q_parts[0], q_rope}, -1).transpose(1, 2);
   at::Tensor key = at::cat({k_v[0], k_rope.expand({b, s, h, a.qk_rope_head_dim})}, -1).transpose(1, 2);
   at::Tensor value = k_v[1].transpose(1, 2);
-  at::Tensor out = at::scaled_dot_product_attention(query, key, value, std::nullopt, 0.0, /*is_causal=*/true,
-                                                    softmax_scale(a));
+  at::Tensor out =
+      at::scaled_dot_product_attention(query, key, value, std::nullopt, 0.0, /*is_causal=*/true, softmax_scale(a));
   return at::linear(out.transpose(1, 2).reshape({b, s, h * a.v_head_dim}), *wo_);
 }
 
@@ -117,8 +119,9 @@ at::Tensor Moe::forward(const at::Tensor& x) {
     at::Tensor group_scores = per_group >= 2 ? std::get<0>(grouped.topk(2, -1)).sum(-1) : grouped.amax(-1);
     at::Tensor keep = std::get<1>(group_scores.topk(a.n_limited_groups, -1, /*largest=*/true, /*sorted=*/false));
     at::Tensor mask = at::zeros_like(group_scores, at::kBool).scatter_(1, keep, true);
-    choice = choice.masked_fill(mask.unsqueeze(-1).expand({n, a.n_expert_groups, per_group}).reshape({n, e}).logical_not(),
-                                -std::numeric_limits<float>::infinity());
+    choice =
+        choice.masked_fill(mask.unsqueeze(-1).expand({n, a.n_expert_groups, per_group}).reshape({n, e}).logical_not(),
+                           -std::numeric_limits<float>::infinity());
   }
   at::Tensor indices = std::get<1>(choice.topk(a.top_k, -1, /*largest=*/true, /*sorted=*/false));
   at::Tensor weights = scores.gather(1, indices);
@@ -158,7 +161,8 @@ at::Tensor Moe::routed(const at::Tensor& x, const at::Tensor& indices, const at:
   at::Tensor out = at::zeros_like(x);
   if (capacity == 0) return out;
   at::Tensor starts = counts.cumsum(0) - counts;
-  at::Tensor rank_in_expert = at::arange(sorted_expert.size(0), sorted_expert.options()) - starts.index_select(0, sorted_expert);
+  at::Tensor rank_in_expert =
+      at::arange(sorted_expert.size(0), sorted_expert.options()) - starts.index_select(0, sorted_expert);
   at::Tensor slot = sorted_expert * capacity + rank_in_expert;
   at::Tensor packed = at::zeros({local_experts_ * capacity, x.size(1)}, x.options())
                           .index_add(0, slot, x.index_select(0, sorted_token))
@@ -200,7 +204,8 @@ MtpModule::MtpModule(Declare& d, const std::string& p, const Args& a, int64_t la
       block_(d, p + "block.", a, a.is_moe(layer), first_expert, local_experts) {}
 
 at::Tensor MtpModule::forward(const at::Tensor& previous, const at::Tensor& embedded, const RopeTables& rope) {
-  at::Tensor joined = at::cat({rms_norm(embedded, *enorm_, args_.norm_eps), rms_norm(previous, *hnorm_, args_.norm_eps)}, -1);
+  at::Tensor joined =
+      at::cat({rms_norm(embedded, *enorm_, args_.norm_eps), rms_norm(previous, *hnorm_, args_.norm_eps)}, -1);
   return block_.forward(at::linear(joined, *eh_proj_), rope);
 }
 

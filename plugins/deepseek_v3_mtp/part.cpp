@@ -14,8 +14,8 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 // Token-summed cross-entropy in fp32 over labelled positions.
 at::Tensor loss_sum(const at::Tensor& logits, const at::Tensor& labels) {
-  return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(at::kFloat), labels.reshape({-1}), std::nullopt,
-                                at::Reduction::Sum, KEEL_IGNORE_INDEX);
+  return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(at::kFloat), labels.reshape({-1}),
+                                std::nullopt, at::Reduction::Sum, KEEL_IGNORE_INDEX);
 }
 
 }  // namespace
@@ -28,8 +28,8 @@ Part::Part(keel_host* host, const Args& a, const keel_part_spec& spec, int64_t f
   if (needs_embedding) {
     embedding_replica_ = !first;
     // A token reads one row of the table: 1 / vocab of it is "activated".
-    embedding_ = &main.param("tok_embeddings.weight", {a.vocab_size, a.dim}, embedding_replica_ ? KEEL_PARAM_REPLICA : 0,
-                             1.0 / static_cast<double>(a.vocab_size));
+    embedding_ = &main.param("tok_embeddings.weight", {a.vocab_size, a.dim},
+                             embedding_replica_ ? KEEL_PARAM_REPLICA : 0, 1.0 / static_cast<double>(a.vocab_size));
   }
   for (int64_t i = spec.first_layer; i < spec.first_layer + spec.num_layers; ++i)
     blocks_.push_back(std::make_unique<Block>(main, "layers." + std::to_string(i) + ".", a, a.is_moe(i), first_expert,
@@ -60,7 +60,8 @@ void Part::init_weights(uint64_t seed) {
   for (const auto& decl : parameters().decls()) {
     const std::string& fqn = decl->fqn;
     at::Tensor& t = decl->tensor;
-    const bool projection_out = ends_with(fqn, "wo.weight") || ends_with(fqn, "w2.weight") || ends_with(fqn, "experts.w2");
+    const bool projection_out =
+        ends_with(fqn, "wo.weight") || ends_with(fqn, "w2.weight") || ends_with(fqn, "experts.w2");
     const double std = projection_out ? depth_std : 0.02;
     if (ends_with(fqn, "norm.weight")) {
       keel::init::constant_(t, 1.0);
@@ -115,7 +116,8 @@ Part::Outputs Part::compute(const at::Tensor& tokens, const at::Tensor& labels, 
   for (size_t d = 0; d < mtp_.size(); ++d) {
     const int64_t k = static_cast<int64_t>(d) + 1;
     at::Tensor ahead = at::cat({sequence.slice(1, k, seq + 1), at::zeros({batch, k - 1}, tokens.options())}, 1);
-    at::Tensor targets = at::cat({labels.slice(1, k, seq), at::full({batch, k}, KEEL_IGNORE_INDEX, labels.options())}, 1);
+    at::Tensor targets =
+        at::cat({labels.slice(1, k, seq), at::full({batch, k}, KEEL_IGNORE_INDEX, labels.options())}, 1);
     // A target whose input token is itself unknown is ignored too.
     at::Tensor input_unknown = at::cat({ignored.slice(1, k - 1, seq), at::ones({batch, k - 1}, ignored.options())}, 1);
     targets = targets.masked_fill(input_unknown, KEEL_IGNORE_INDEX);

@@ -2,8 +2,8 @@
 // with multi-token prediction. The model keeps its embedding replica exact itself: post_init
 // broadcasts the first stage's copy to the last stage, pre_clip sums the two gradients; the
 // expert bias is updated in post_step from the step's expert loads summed over dp.
-#include <keel/keel.hpp>
 #include <c10/core/GradMode.h>
+#include <keel/keel.hpp>
 
 #include <memory>
 #include <vector>

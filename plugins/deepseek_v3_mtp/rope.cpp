@@ -22,10 +22,10 @@ at::Tensor inverse_frequencies(const Args& a) {
   at::Tensor extrapolation = 1.0 / pos_freqs;
   if (a.rope_factor <= 1.0) return extrapolation;
   at::Tensor interpolation = 1.0 / (a.rope_factor * pos_freqs);
-  double low = std::floor(correction_dim(a.beta_fast, static_cast<double>(dim), a.rope_theta,
-                                         static_cast<double>(a.original_seq_len)));
-  double high = std::ceil(correction_dim(a.beta_slow, static_cast<double>(dim), a.rope_theta,
-                                         static_cast<double>(a.original_seq_len)));
+  double low = std::floor(
+      correction_dim(a.beta_fast, static_cast<double>(dim), a.rope_theta, static_cast<double>(a.original_seq_len)));
+  double high = std::ceil(
+      correction_dim(a.beta_slow, static_cast<double>(dim), a.rope_theta, static_cast<double>(a.original_seq_len)));
   low = std::max(low, 0.0);
   high = std::min(high, static_cast<double>(dim - 1));
   if (low == high) high += 0.001;

@@ -44,7 +44,8 @@ Args read_args(keel::Config& config) {
   if (a.dim % a.n_heads != 0)
     config.invalid("n_heads", "must divide dim (" + std::to_string(a.dim) + "), got " + std::to_string(a.n_heads));
   if (a.n_heads % a.n_kv_heads != 0)
-    config.invalid("n_kv_heads", "must divide n_heads (" + std::to_string(a.n_heads) + "), got " + std::to_string(a.n_kv_heads));
+    config.invalid("n_kv_heads",
+                   "must divide n_heads (" + std::to_string(a.n_heads) + "), got " + std::to_string(a.n_kv_heads));
   if (a.head_dim() % 2 != 0) config.invalid("n_heads", "dim / n_heads must be even for rotary embeddings");
   if (!(a.rope_theta > 0)) config.invalid("rope_theta", "must be positive");
   if (!(a.norm_eps > 0)) config.invalid("norm_eps", "must be positive");

@@ -103,7 +103,8 @@ void Part::forward(const keel_forward_inputs& inputs, keel_forward_outputs& outp
   at::Tensor h = tok_embeddings_ != nullptr ? at::embedding(*tok_embeddings_, tokens) : keel::tensor(inputs.activation);
   const int64_t seq = h.size(1), half = args_.head_dim() / 2;
   at::Tensor positions = at::arange(seq, h.options().dtype(at::kFloat));
-  at::Tensor freqs = at::pow(args_.rope_theta, at::arange(half, h.options().dtype(at::kFloat)) * (-2.0 / static_cast<double>(args_.head_dim())));
+  at::Tensor freqs = at::pow(args_.rope_theta, at::arange(half, h.options().dtype(at::kFloat)) *
+                                                   (-2.0 / static_cast<double>(args_.head_dim())));
   at::Tensor angles = at::outer(positions, freqs).view({1, seq, 1, half});
   at::Tensor cos = angles.cos(), sin = angles.sin();
   for (const Block& b : blocks_) {
@@ -116,9 +117,9 @@ void Part::forward(const keel_forward_inputs& inputs, keel_forward_outputs& outp
   }
   at::Tensor logits = at::linear(at::rms_norm(h, {args_.dim}, *norm_, args_.norm_eps), *output_);
   const at::Tensor& labels = keel::tensor(inputs.labels);
-  keel::tensor(outputs.loss_sum) = at::cross_entropy_loss(logits.reshape({-1, args_.vocab_size}).to(at::kFloat),
-                                                          labels.reshape({-1}), /*weight=*/std::nullopt,
-                                                          at::Reduction::Sum, KEEL_IGNORE_INDEX);
+  keel::tensor(outputs.loss_sum) =
+      at::cross_entropy_loss(logits.reshape({-1, args_.vocab_size}).to(at::kFloat), labels.reshape({-1}),
+                             /*weight=*/std::nullopt, at::Reduction::Sum, KEEL_IGNORE_INDEX);
 }
 
 }  // namespace llama3

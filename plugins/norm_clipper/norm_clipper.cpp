@@ -18,7 +18,8 @@ class NormClipper {
     double max_norm = config.real("max_norm", 1.0);
     if (!(max_norm > 0) || !std::isfinite(max_norm)) config.invalid("max_norm", "must be a positive number");
     std::string norm_type = config.string("norm_type", "2");
-    if (norm_type != "2" && norm_type != "inf") config.invalid("norm_type", "must be \"2\" or \"inf\", got \"" + norm_type + "\"");
+    if (norm_type != "2" && norm_type != "inf")
+      config.invalid("norm_type", "must be \"2\" or \"inf\", got \"" + norm_type + "\"");
     return std::unique_ptr<NormClipper>(new NormClipper(host, max_norm, norm_type == "inf"));
   }
 

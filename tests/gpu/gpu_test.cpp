@@ -14,8 +14,9 @@ namespace {
 TEST(Gpu, TinyLlamaTrainsOnCudaAndTracksTheCpuRun) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device visible to LibTorch";
   test::TempDir dir;
-  test::write_file(dir / "job.toml", "[model]\nplugin = \"llama3\"\nflavor = \"tiny\"\n[training]\nsteps = 20\nseq_len = 32\n"
-                                     "global_batch = 8\n[metrics]\njsonl = false\n[checkpoint]\nsave_final = false\n");
+  test::write_file(dir / "job.toml",
+                   "[model]\nplugin = \"llama3\"\nflavor = \"tiny\"\n[training]\nsteps = 20\nseq_len = 32\n"
+                   "global_batch = 8\n[metrics]\njsonl = false\n[checkpoint]\nsave_final = false\n");
   std::vector<double> losses[2];
   const char* devices[2] = {"cpu", "cuda"};
   for (int d = 0; d < 2; ++d) {
@@ -31,7 +32,8 @@ TEST(Gpu, TinyLlamaTrainsOnCudaAndTracksTheCpuRun) {
     }
   }
   EXPECT_LT(losses[1].back(), losses[1].front());
-  for (size_t s = 0; s < losses[0].size(); ++s) EXPECT_NEAR(losses[1][s], losses[0][s], 2e-3 * losses[0][s]) << "step " << s + 1;
+  for (size_t s = 0; s < losses[0].size(); ++s)
+    EXPECT_NEAR(losses[1][s], losses[0][s], 2e-3 * losses[0][s]) << "step " << s + 1;
 }
 
 }  // namespace

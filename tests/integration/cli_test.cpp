@@ -53,7 +53,8 @@ TEST(KeelTrain, DryRunOfLlama3_8bReports8_03BillionParameters) {
 TEST(KeelTrain, TrainsSavesConfigMetricsAndWeightsPythonCanRead) {
   test::TempDir dir;
   test::write_file(dir / "job.toml", kJob);
-  auto r = test::run_command(keel_train() + " --config " + (dir / "job.toml") + " --set job.run_dir=\\\"" + (dir / "run") + "\\\"");
+  auto r = test::run_command(keel_train() + " --config " + (dir / "job.toml") + " --set job.run_dir=\\\"" +
+                             (dir / "run") + "\\\"");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_HAS(r.output, "step 6/6 | loss ");
   EXPECT_HAS(r.output, "grad_norm");
@@ -77,7 +78,8 @@ TEST(KeelTrain, TrainsSavesConfigMetricsAndWeightsPythonCanRead) {
 TEST(KeelTrain, BadConfigExitsWithStatus2AndWritesNothing) {
   test::TempDir dir;
   test::write_file(dir / "job.toml", std::string(kJob) + "[optimizer]\nlr = \"fast\"\n");
-  auto r = test::run_command(keel_train() + " --config " + (dir / "job.toml") + " --set job.run_dir=\\\"" + (dir / "run") + "\\\"");
+  auto r = test::run_command(keel_train() + " --config " + (dir / "job.toml") + " --set job.run_dir=\\\"" +
+                             (dir / "run") + "\\\"");
   EXPECT_EQ(r.status, 2);
   EXPECT_HAS(r.output, "job.toml:12: optimizer.lr: expected a number, found a string");
   EXPECT_FALSE(std::filesystem::exists(dir / "run"));
@@ -101,12 +103,14 @@ TEST(KeelTrain, SigtermFinishesTheStepAndSavesWeights) {
 }
 
 TEST(KeelPlugin, InspectPrintsDescriptorAndRefusesNonPlugins) {
-  auto ok = test::run_command(test::bin_dir() + "/keel-plugin inspect norm_clipper --plugin-path " + test::plugin_dir());
+  auto ok =
+      test::run_command(test::bin_dir() + "/keel-plugin inspect norm_clipper --plugin-path " + test::plugin_dir());
   ASSERT_EQ(ok.status, 0) << ok.output;
   EXPECT_HAS(ok.output, "abi        1.0");
   EXPECT_HAS(ok.output, "clipper  norm_clipper");
   EXPECT_HAS(ok.output, "clip [capture-safe]");
-  auto bad = test::run_command(test::bin_dir() + "/keel-plugin inspect " + test::test_plugin_dir() + "/not_a_plugin.so");
+  auto bad =
+      test::run_command(test::bin_dir() + "/keel-plugin inspect " + test::test_plugin_dir() + "/not_a_plugin.so");
   EXPECT_EQ(bad.status, 2);
   EXPECT_HAS(bad.output, "not a Keel plugin?");
 }
@@ -116,12 +120,14 @@ TEST(KeelData, BuildsAByteLevelTokenFileThatTrains) {
   std::string text;
   for (int i = 0; i < 400; ++i) text += "the quick brown fox jumps over the lazy dog. ";
   test::write_file(dir / "text.txt", text);
-  auto built = test::run_command(test::bin_dir() + "/keel-data build --input " + (dir / "text.txt") + " --output " + (dir / "t.bin"));
+  auto built = test::run_command(test::bin_dir() + "/keel-data build --input " + (dir / "text.txt") + " --output " +
+                                 (dir / "t.bin"));
   ASSERT_EQ(built.status, 0) << built.output;
   EXPECT_HAS(built.output, std::to_string(text.size()) + " tokens");
   test::write_file(dir / "job.toml", kJob);
-  auto r = test::run_command(keel_train() + " --config " + (dir / "job.toml") + " --set data.source=tokens --set data.path=\\\"" +
-                             (dir / "t.bin") + "\\\" --set job.run_dir=\\\"" + (dir / "run") + "\\\"");
+  auto r = test::run_command(keel_train() + " --config " + (dir / "job.toml") +
+                             " --set data.source=tokens --set data.path=\\\"" + (dir / "t.bin") +
+                             "\\\" --set job.run_dir=\\\"" + (dir / "run") + "\\\"");
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_HAS(r.output, "token file");
 }

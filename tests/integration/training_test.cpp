@@ -149,8 +149,10 @@ save_final = false
 TEST(DeepSeekTraining, MainAndMtpLossesFallTowardsTheFloor) {
   DeepSeekRun run = train_deepseek(100);
   const double floor = std::log(4.0);
-  EXPECT_LT(run.lm_losses.back(), run.lm_losses.front() - 2.5) << "lm " << run.lm_losses.front() << " -> " << run.lm_losses.back();
-  EXPECT_LT(run.mtp_losses.back(), run.mtp_losses.front() - 2.0) << "mtp " << run.mtp_losses.front() << " -> " << run.mtp_losses.back();
+  EXPECT_LT(run.lm_losses.back(), run.lm_losses.front() - 2.5)
+      << "lm " << run.lm_losses.front() << " -> " << run.lm_losses.back();
+  EXPECT_LT(run.mtp_losses.back(), run.mtp_losses.front() - 2.0)
+      << "mtp " << run.mtp_losses.front() << " -> " << run.mtp_losses.back();
   EXPECT_GT(run.lm_losses.back(), floor - 0.05);
   // The objective is the main loss plus mtp_loss_scale (0.3) times the MTP loss, both over the
   // step's token count: depth 1 has no target at the last of the 32 positions.

@@ -18,7 +18,9 @@ class ReturnsError {
 
 class Throws {
  public:
-  static std::unique_ptr<Throws> create(keel::Host, keel::Config&) { throw std::out_of_range("vector index 7 >= 3 (test)"); }
+  static std::unique_ptr<Throws> create(keel::Host, keel::Config&) {
+    throw std::out_of_range("vector index 7 >= 3 (test)");
+  }
   keel::Host host() const { return keel::Host(nullptr); }
   at::Tensor clip(const keel_param_info* const*, size_t) { return {}; }
 };

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <torch/optim/adamw.h>
 
+#include "common/text.hpp"
 #include "optim/adamw.hpp"
 #include "optim/lr_schedule.hpp"
 
@@ -29,15 +30,17 @@ ParamCopies make_params(bool with_grads = true) {
 TEST(AdamW, MatchesTorchAdamWOverTwentySteps) {
   ParamCopies s = make_params();
   std::vector<OptimParam> params;
-  for (size_t i = 0; i < s.ours.size(); ++i) params.push_back({"p" + std::to_string(i), s.ours[i], i != 1});
+  for (size_t i = 0; i < s.ours.size(); ++i) params.push_back({cat("p", i), s.ours[i], i != 1});
   AdamWOptions o{0.9, 0.95, 1e-8, 0.1};
   AdamW ours(params, o);
   // The same split into a decayed and an undecayed group.
   std::vector<torch::optim::OptimizerParamGroup> groups;
   groups.emplace_back(std::vector<at::Tensor>{s.theirs[0], s.theirs[2]},
-                      std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(1e-3).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.1)));
+                      std::make_unique<torch::optim::AdamWOptions>(
+                          torch::optim::AdamWOptions(1e-3).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.1)));
   groups.emplace_back(std::vector<at::Tensor>{s.theirs[1]},
-                      std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(1e-3).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.0)));
+                      std::make_unique<torch::optim::AdamWOptions>(
+                          torch::optim::AdamWOptions(1e-3).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.0)));
   torch::optim::AdamW theirs(std::move(groups));
 
   LrSchedule schedule(1e-2, 5, 20, "cosine", 0.1);
@@ -51,13 +54,14 @@ TEST(AdamW, MatchesTorchAdamWOverTwentySteps) {
       s.theirs[i].mutable_grad().copy_(g);
     }
     lr.fill_(schedule.at(step));
-    for (auto& group : theirs.param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(schedule.at(step));
+    for (auto& group : theirs.param_groups())
+      static_cast<torch::optim::AdamWOptions&>(group.options()).lr(schedule.at(step));
     ours.step(lr, no_inf);
     theirs.step();
   }
   for (size_t i = 0; i < s.ours.size(); ++i) {
-    EXPECT_TRUE(at::allclose(s.ours[i], s.theirs[i], 1e-6, 1e-7)) << "param " << i << " max diff "
-                                                                  << (s.ours[i] - s.theirs[i]).abs().max().item<double>();
+    EXPECT_TRUE(at::allclose(s.ours[i], s.theirs[i], 1e-6, 1e-7))
+        << "param " << i << " max diff " << (s.ours[i] - s.theirs[i]).abs().max().item<double>();
     auto& state = static_cast<torch::optim::AdamWParamState&>(*theirs.state().at(s.theirs[i].unsafeGetTensorImpl()));
     // The fused kernel updates the moments with lerp, torch::optim with mul and add: the same
     // arithmetic rounded differently, a few ulps of these O(1) values after 20 steps.
@@ -72,7 +76,7 @@ TEST(AdamW, MatchesTorchAdamWOverTwentySteps) {
 TEST(AdamW, FoundInfSkipsTheUpdateAndTheStepCount) {
   ParamCopies s = make_params();
   std::vector<OptimParam> params;
-  for (size_t i = 0; i < s.ours.size(); ++i) params.push_back({"p" + std::to_string(i), s.ours[i], true});
+  for (size_t i = 0; i < s.ours.size(); ++i) params.push_back({cat("p", i), s.ours[i], true});
   AdamW ours(params, AdamWOptions{0.9, 0.95, 1e-8, 0.1});
   std::vector<at::Tensor> before;
   for (at::Tensor& p : s.ours) {

@@ -84,7 +84,8 @@ TEST_F(NormClipperTest, ReplicaExcludedFromNormAndScaledByTheSameCoefficient) {
   at::Tensor& replica = add("tok_embeddings.weight", {16, 8}, KEEL_PARAM_REPLICA);
   replica.grad().copy_(owner.grad());
   at::Tensor& other = add("output.weight", {16, 8});
-  at::Tensor ref_owner = owner.detach().clone().requires_grad_(true), ref_other = other.detach().clone().requires_grad_(true);
+  at::Tensor ref_owner = owner.detach().clone().requires_grad_(true),
+             ref_other = other.detach().clone().requires_grad_(true);
   ref_owner.mutable_grad() = owner.grad().clone();
   ref_other.mutable_grad() = other.grad().clone();
   double expected = torch::nn::utils::clip_grad_norm_(std::vector<at::Tensor>{ref_owner, ref_other}, 0.1);

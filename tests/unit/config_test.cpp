@@ -56,6 +56,8 @@ struct Case {
   std::vector<std::string> overrides = {};
 };
 
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
 class MalformedConfig : public ::testing::TestWithParam<Case> {};
 
 TEST_P(MalformedConfig, NamesKeyAndLine) {
@@ -107,9 +109,17 @@ INSTANTIATE_TEST_SUITE_P(
              "expected a boolean"},
         Case{"min_lr_ratio_out_of_range", kModel + "[lr_scheduler]\nmin_lr_ratio = 2.0\n", "job.toml:4",
              "lr_scheduler.min_lr_ratio", "must be in [0, 1]"},
-        Case{"override_wrong_type", kModel, "--set training.steps=abc", "training.steps", "expected an integer",
+        Case{"override_wrong_type",
+             kModel,
+             "--set training.steps=abc",
+             "training.steps",
+             "expected an integer",
              {"training.steps=abc"}},
-        Case{"override_unknown_key", kModel, "--set training.stepz=3", "training.stepz", "unknown key",
+        Case{"override_unknown_key",
+             kModel,
+             "--set training.stepz=3",
+             "training.stepz",
+             "unknown key",
              {"training.stepz=3"}}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
@@ -150,6 +160,8 @@ struct PluginCase {
   std::string where, key, why;
 };
 
+void PrintTo(const PluginCase& c, std::ostream* os) { *os << c.name; }
+
 class MalformedPluginConfig : public ::testing::TestWithParam<PluginCase> {};
 
 TEST_P(MalformedPluginConfig, NamesKeyAndLine) {
@@ -163,19 +175,19 @@ TEST_P(MalformedPluginConfig, NamesKeyAndLine) {
 
 INSTANTIATE_TEST_SUITE_P(
     PluginTables, MalformedPluginConfig,
-    ::testing::Values(
-        PluginCase{"model_dim_is_a_string", kModel + "flavor = \"tiny\"\ndim = \"big\"\n", "job.toml:4", "model.dim",
-                   "expected an integer"},
-        PluginCase{"model_unknown_key", kModel + "flavor = \"tiny\"\nflavr = \"tiny\"\n", "job.toml:4", "model.flavr",
-                   "unknown key"},
-        PluginCase{"model_heads_do_not_divide_dim", kModel + "flavor = \"tiny\"\nn_heads = 3\n", "job.toml:4",
-                   "model.n_heads", "must divide dim"},
-        PluginCase{"model_unknown_flavor", kModel + "flavor = \"huge\"\n", "job.toml:3", "model.flavor",
-                   "unknown flavor 'huge'"},
-        PluginCase{"clipper_negative_max_norm", kModel + "flavor = \"tiny\"\n[clipper]\nmax_norm = -1.0\n",
-                   "job.toml:5", "clipper.max_norm", "must be a positive number"},
-        PluginCase{"clipper_unknown_key", kModel + "flavor = \"tiny\"\n[clipper]\nmax_nrom = 1.0\n", "job.toml:5",
-                   "clipper.max_nrom", "unknown key"}),
+    ::testing::Values(PluginCase{"model_dim_is_a_string", kModel + "flavor = \"tiny\"\ndim = \"big\"\n", "job.toml:4",
+                                 "model.dim", "expected an integer"},
+                      PluginCase{"model_unknown_key", kModel + "flavor = \"tiny\"\nflavr = \"tiny\"\n", "job.toml:4",
+                                 "model.flavr", "unknown key"},
+                      PluginCase{"model_heads_do_not_divide_dim", kModel + "flavor = \"tiny\"\nn_heads = 3\n",
+                                 "job.toml:4", "model.n_heads", "must divide dim"},
+                      PluginCase{"model_unknown_flavor", kModel + "flavor = \"huge\"\n", "job.toml:3", "model.flavor",
+                                 "unknown flavor 'huge'"},
+                      PluginCase{"clipper_negative_max_norm",
+                                 kModel + "flavor = \"tiny\"\n[clipper]\nmax_norm = -1.0\n", "job.toml:5",
+                                 "clipper.max_norm", "must be a positive number"},
+                      PluginCase{"clipper_unknown_key", kModel + "flavor = \"tiny\"\n[clipper]\nmax_nrom = 1.0\n",
+                                 "job.toml:5", "clipper.max_nrom", "unknown key"}),
     [](const ::testing::TestParamInfo<PluginCase>& info) { return std::string(info.param.name); });
 
 }  // namespace

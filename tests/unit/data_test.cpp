@@ -44,7 +44,8 @@ TEST(SyntheticSource, NextTokenHasExactlyBranchingChoicesGivenThePrevious) {
     EXPECT_EQ(next.size(), static_cast<size_t>(branching)) << "token " << prev;
     double n = 0;
     for (const auto& [tok, count] : next) n += static_cast<double>(count);
-    for (const auto& [tok, count] : next) entropy -= static_cast<double>(count) * std::log(static_cast<double>(count) / n);
+    for (const auto& [tok, count] : next)
+      entropy -= static_cast<double>(count) * std::log(static_cast<double>(count) / n);
     total += n;
   }
   EXPECT_NEAR(entropy / total, std::log(4.0), 0.01);
@@ -94,7 +95,8 @@ TEST(TokenFile, BadMagicTruncationAndMissingFileAreRefusedNamingTheFile) {
   EXPECT_NE(open_error(dir / "text.bin").find(dir / "text.bin"), std::string::npos);
   write_token_file(dir / "t.bin", std::vector<uint32_t>(100, 1), 10);
   std::filesystem::resize_file(dir / "t.bin", 100);
-  EXPECT_NE(open_error(dir / "t.bin").find("header promises 100 tokens"), std::string::npos) << open_error(dir / "t.bin");
+  EXPECT_NE(open_error(dir / "t.bin").find("header promises 100 tokens"), std::string::npos)
+      << open_error(dir / "t.bin");
   EXPECT_NE(open_error(dir / "none.bin").find("cannot open token file"), std::string::npos);
 }
 

@@ -117,13 +117,16 @@ TEST_F(DeepSeekModel, InitIsTheSameOnEitherStageAndOnASingleStage) {
 TEST_F(DeepSeekModel, ImpossibleShapesAreConfigErrorsNamingTheKey) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"flavor = \"tiny\"\ntop_k = 9\n", "job.toml:3: model.top_k: exceeds n_routed_experts (8)"},
-      {"flavor = \"tiny\"\nn_expert_groups = 3\n", "job.toml:3: model.n_expert_groups: must divide n_routed_experts (8)"},
+      {"flavor = \"tiny\"\nn_expert_groups = 3\n",
+       "job.toml:3: model.n_expert_groups: must divide n_routed_experts (8)"},
       {"flavor = \"tiny\"\nn_limited_groups = 5\n", "job.toml:3: model.n_limited_groups: exceeds n_expert_groups (4)"},
       {"flavor = \"tiny\"\nqk_rope_head_dim = 7\n", "job.toml:3: model.qk_rope_head_dim: must be even"},
-      {"flavor = \"tiny\"\nscore_func = \"relu\"\n", "job.toml:3: model.score_func: must be \"softmax\" or \"sigmoid\""},
+      {"flavor = \"tiny\"\nscore_func = \"relu\"\n",
+       "job.toml:3: model.score_func: must be \"softmax\" or \"sigmoid\""},
       {"flavor = \"tiny\"\nn_dense_layers = 4\n", "job.toml:3: model.n_dense_layers: exceeds n_layers (3)"},
       {"flavor = \"tiny\"\nn_heads = 0\n", "job.toml:3: model.n_heads: must be at least 1"},
-      {"flavor = \"tiny\"\nn_limited_groups = 1\ntop_k = 3\n", "model.top_k: exceeds the experts of the n_limited_groups"},
+      {"flavor = \"tiny\"\nn_limited_groups = 1\ntop_k = 3\n",
+       "model.top_k: exceeds the experts of the n_limited_groups"},
       {"flavor = \"huge\"\n", "job.toml:2: model.flavor: unknown flavor 'huge'"},
   };
   for (const auto& [table, expected] : cases) {
@@ -171,7 +174,7 @@ TEST(DeepSeekDryRun, V3_671bMatchesThePublishedSizes) {
 
 TEST(DeepSeekDryRun, V2Lite_16bMatchesThePublishedSizes) {
   auto counts = dry_run("16b");
-  EXPECT_NEAR(counts["main"].total / 1e9, 15.7, 0.05);  // published 15.7 B
+  EXPECT_NEAR(counts["main"].total / 1e9, 15.7, 0.05);    // published 15.7 B
   EXPECT_NEAR(counts["main"].activated / 1e9, 2.4, 0.1);  // published 2.4 B
   EXPECT_EQ(counts.count("mtp"), 0u);
 }

@@ -117,7 +117,8 @@ TEST_F(FaultyClipper, ReportedErrorReachesTheUserWithTheComponentNamed) {
     make("returns_error");
     FAIL();
   } catch (const std::runtime_error& e) {
-    EXPECT_HAS(std::string(e.what()), "clipper returns_error (faulty): create failed: returns_error: refusing to start");
+    EXPECT_HAS(std::string(e.what()),
+               "clipper returns_error (faulty): create failed: returns_error: refusing to start");
   }
 }
 

@@ -17,11 +17,16 @@ int main(int argc, char** argv) {
   int warmup = 3, steps = 10;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--config") options.config_path = value;
-    else if (flag == "--plugin-path") options.plugin_dirs.push_back(value);
-    else if (flag == "--set") options.overrides.push_back(value);
-    else if (flag == "--warmup") warmup = std::stoi(value);
-    else if (flag == "--steps") steps = std::stoi(value);
+    if (flag == "--config")
+      options.config_path = value;
+    else if (flag == "--plugin-path")
+      options.plugin_dirs.push_back(value);
+    else if (flag == "--set")
+      options.overrides.push_back(value);
+    else if (flag == "--warmup")
+      warmup = std::stoi(value);
+    else if (flag == "--steps")
+      steps = std::stoi(value);
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;

@@ -14,13 +14,17 @@ int main(int argc, char** argv) {
   std::string input, output;
   bool build = !args.empty() && args[0] == "build";
   for (size_t i = 1; build && i + 1 < args.size(); i += 2) {
-    if (args[i] == "--input") input = args[i + 1];
-    else if (args[i] == "--output") output = args[i + 1];
-    else build = false;
+    if (args[i] == "--input")
+      input = args[i + 1];
+    else if (args[i] == "--output")
+      output = args[i + 1];
+    else
+      build = false;
   }
   if (!build || input.empty() || output.empty()) {
-    std::fprintf(stderr, "Usage: keel-data build --input TEXT --output FILE\n"
-                         "  Byte-level tokenizer: one token per byte, vocabulary 256.\n");
+    std::fprintf(stderr,
+                 "Usage: keel-data build --input TEXT --output FILE\n"
+                 "  Byte-level tokenizer: one token per byte, vocabulary 256.\n");
     return 2;
   }
   std::ifstream in(input, std::ios::binary);

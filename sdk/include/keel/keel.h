@@ -110,7 +110,12 @@ typedef enum keel_dtype { KEEL_DTYPE_FP32 = 0, KEEL_DTYPE_BF16 = 1, KEEL_DTYPE_F
 
 /* ---------------------------------------------------------------- metrics and logging */
 
-typedef enum keel_log_level { KEEL_LOG_DEBUG = 0, KEEL_LOG_INFO = 1, KEEL_LOG_WARN = 2, KEEL_LOG_ERROR = 3 } keel_log_level;
+typedef enum keel_log_level {
+  KEEL_LOG_DEBUG = 0,
+  KEEL_LOG_INFO = 1,
+  KEEL_LOG_WARN = 2,
+  KEEL_LOG_ERROR = 3
+} keel_log_level;
 
 /* How repeated reports of one metric within one step combine. */
 typedef enum keel_metric_reduce {
@@ -150,11 +155,13 @@ typedef struct keel_host_api {
    * handle to pass to wait(). On CUDA they run on the current stream and are capture-safe. */
 
   /* In-place reduction of `tensor` over the group. */
-  keel_status (*all_reduce)(keel_host* host, keel_group* group, keel_tensor* tensor, keel_reduce_op op, keel_work** work);
+  keel_status (*all_reduce)(keel_host* host, keel_group* group, keel_tensor* tensor, keel_reduce_op op,
+                            keel_work** work);
   /* In-place broadcast of `tensor` from the member with group rank `root`. */
   keel_status (*broadcast)(keel_host* host, keel_group* group, keel_tensor* tensor, int32_t root, keel_work** work);
   /* Gathers every member's `input` into `output` (group_size × input along dim 0). */
-  keel_status (*all_gather)(keel_host* host, keel_group* group, keel_tensor* output, const keel_tensor* input, keel_work** work);
+  keel_status (*all_gather)(keel_host* host, keel_group* group, keel_tensor* output, const keel_tensor* input,
+                            keel_work** work);
   /* Reduces `input` (group_size × output along dim 0) and scatters the slices to `output`. */
   keel_status (*reduce_scatter)(keel_host* host, keel_group* group, keel_tensor* output, const keel_tensor* input,
                                 keel_reduce_op op, keel_work** work);
@@ -166,7 +173,8 @@ typedef struct keel_host_api {
   keel_status (*send)(keel_host* host, keel_group* group, const keel_tensor* tensor, int32_t peer, int32_t tag,
                       keel_work** work);
   /* Receives into `tensor` from the member with group rank `peer`. [collective: peer pair] */
-  keel_status (*recv)(keel_host* host, keel_group* group, keel_tensor* tensor, int32_t peer, int32_t tag, keel_work** work);
+  keel_status (*recv)(keel_host* host, keel_group* group, keel_tensor* tensor, int32_t peer, int32_t tag,
+                      keel_work** work);
   /* Waits for and releases an in-flight collective. NULL is a no-op. */
   keel_status (*wait)(keel_host* host, keel_work* work);
 
@@ -178,10 +186,10 @@ typedef struct keel_host_api {
    * after create() the host reports every unread key as an error, naming file and line.
    * `found` (may be NULL) says whether the key was present; absent keys yield `fallback`.
    * A present key of the wrong type is an error naming the key and its position. */
-  keel_status (*config_int)(keel_host* host, const keel_config* config, const char* key, int64_t fallback,
-                            int64_t* out, int32_t* found);
-  keel_status (*config_float)(keel_host* host, const keel_config* config, const char* key, double fallback,
-                              double* out, int32_t* found);
+  keel_status (*config_int)(keel_host* host, const keel_config* config, const char* key, int64_t fallback, int64_t* out,
+                            int32_t* found);
+  keel_status (*config_float)(keel_host* host, const keel_config* config, const char* key, double fallback, double* out,
+                              int32_t* found);
   keel_status (*config_bool)(keel_host* host, const keel_config* config, const char* key, int32_t fallback,
                              int32_t* out, int32_t* found);
   /* The returned string lives as long as the config. */
@@ -286,10 +294,7 @@ typedef struct keel_forward_outputs {
   keel_tensor* loss_sum;
 } keel_forward_outputs;
 
-enum {
-  KEEL_HOOK_PRE_CLIP_CAPTURE_SAFE = 1u << 0,
-  KEEL_HOOK_CLIP_CAPTURE_SAFE = 1u << 1
-};
+enum { KEEL_HOOK_PRE_CLIP_CAPTURE_SAFE = 1u << 0, KEEL_HOOK_CLIP_CAPTURE_SAFE = 1u << 1 };
 
 typedef struct keel_model_vtable {
   size_t struct_size;

@@ -169,8 +169,8 @@ class Host {
     check(host_->api->broadcast(host_, group, handle(t), root, nullptr));
   }
   /// All-to-all of dim-0 slices with split sizes. [collective: group]
-  void all_to_all(keel_group* group, at::Tensor& output, const at::Tensor& input, const std::vector<int64_t>& output_splits,
-                  const std::vector<int64_t>& input_splits) const {
+  void all_to_all(keel_group* group, at::Tensor& output, const at::Tensor& input,
+                  const std::vector<int64_t>& output_splits, const std::vector<int64_t>& input_splits) const {
     check(host_->api->all_to_all(host_, group, handle(output), handle(input), output_splits.data(), input_splits.data(),
                                  nullptr));
   }
@@ -350,7 +350,8 @@ struct ClipperAdapter {
   static keel_status bind_model_parts(keel_clipper* c, const keel_param_info* const* params, size_t count) {
     return guard(self(c).host().raw(), [&] { self(c).bind_model_parts(params, count); });
   }
-  static keel_status clip(keel_clipper* c, const keel_param_info* const* params, size_t count, keel_tensor* total_norm) {
+  static keel_status clip(keel_clipper* c, const keel_param_info* const* params, size_t count,
+                          keel_tensor* total_norm) {
     return guard(self(c).host().raw(), [&] { tensor(total_norm) = self(c).clip(params, count); });
   }
   static keel_status state(keel_clipper* c, const keel_named_tensor* const** out, size_t* count) {
@@ -379,9 +380,9 @@ const keel_component* model_component(const char* name, const char* description,
     v.buffers = &A::buffers;
     v.init_weights = &A::init_weights;
     v.forward = &A::forward;
-    if constexpr (requires(M& m) { m.post_init(); }) v.post_init = &A::post_init;
-    if constexpr (requires(M& m) { m.pre_clip(); }) v.pre_clip = &A::pre_clip;
-    if constexpr (requires(M& m) { m.post_step(); }) v.post_step = &A::post_step;
+    if constexpr (requires(M & m) { m.post_init(); }) v.post_init = &A::post_init;
+    if constexpr (requires(M & m) { m.pre_clip(); }) v.pre_clip = &A::pre_clip;
+    if constexpr (requires(M & m) { m.post_step(); }) v.post_step = &A::post_step;
     v.hook_flags = hook_flags;
     return v;
   }();
@@ -403,9 +404,9 @@ const keel_component* clipper_component(const char* name, const char* descriptio
     v.create = &A::create;
     v.destroy = &A::destroy;
     v.clip = &A::clip;
-    if constexpr (requires(C& c, const keel_param_info* const* p, size_t n) { c.bind_model_parts(p, n); })
+    if constexpr (requires(C & c, const keel_param_info* const* p, size_t n) { c.bind_model_parts(p, n); })
       v.bind_model_parts = &A::bind_model_parts;
-    if constexpr (requires(C& c) { c.state(); }) v.state = &A::state;
+    if constexpr (requires(C & c) { c.state(); }) v.state = &A::state;
     v.hook_flags = hook_flags;
     return v;
   }();
@@ -420,17 +421,17 @@ const keel_component* clipper_component(const char* name, const char* descriptio
 
 /// Defines keel_plugin_entry() for a plugin holding the given components, e.g.
 ///   KEEL_PLUGIN("llama3", "1.0.0", keel::model_component<Llama3>("llama3", "Llama 3"))
-#define KEEL_PLUGIN(NAME, VERSION, ...)                                                                        \
-  extern "C" KEEL_EXPORT const keel_plugin_descriptor* keel_plugin_entry(void) {                               \
-    static const keel_component* const components[] = {__VA_ARGS__};                                          \
-    static const keel_plugin_descriptor descriptor{sizeof(keel_plugin_descriptor),                             \
-                                                   KEEL_ABI_MAJOR,                                             \
-                                                   KEEL_ABI_MINOR,                                             \
-                                                   NAME,                                                       \
-                                                   VERSION,                                                    \
-                                                   KEEL_TORCH_VERSION_STRING,                                  \
-                                                   _GLIBCXX_USE_CXX11_ABI,                                     \
-                                                   components,                                                 \
-                                                   sizeof(components) / sizeof(components[0])};                \
-    return &descriptor;                                                                                        \
+#define KEEL_PLUGIN(NAME, VERSION, ...)                                                         \
+  extern "C" KEEL_EXPORT const keel_plugin_descriptor* keel_plugin_entry(void) {                \
+    static const keel_component* const components[] = {__VA_ARGS__};                            \
+    static const keel_plugin_descriptor descriptor{sizeof(keel_plugin_descriptor),              \
+                                                   KEEL_ABI_MAJOR,                              \
+                                                   KEEL_ABI_MINOR,                              \
+                                                   NAME,                                        \
+                                                   VERSION,                                     \
+                                                   KEEL_TORCH_VERSION_STRING,                   \
+                                                   _GLIBCXX_USE_CXX11_ABI,                      \
+                                                   components,                                  \
+                                                   sizeof(components) / sizeof(components[0])}; \
+    return &descriptor;                                                                         \
   }
