@@ -211,7 +211,7 @@ struct HostApi {
     return run(host, KEEL_ERROR_CONFIG, [&] {
       const ConfigSection& s = section(config);
       set_found(found, s, key);
-      // The returned pointer must outlive the call: strings are interned per context.
+      // The returned pointer must outlive the call: strings are interned for the process.
       static std::map<std::string, std::unique_ptr<std::string>> interned;
       std::string value = s.string(key, fallback != nullptr ? fallback : "");
       auto& slot = interned[value];
