@@ -23,14 +23,14 @@ Args read_args(keel::Config& config) {
   auto it = flavors().find(flavor);
   if (it == flavors().end()) config.invalid("flavor", "unknown flavor '" + flavor + "'; known: tiny, debug, 8b");
   Args a = it->second;
-  a.dim = config.integer("dim", a.dim);
-  a.n_layers = config.integer("n_layers", a.n_layers);
-  a.n_heads = config.integer("n_heads", a.n_heads);
-  a.n_kv_heads = config.integer("n_kv_heads", a.n_kv_heads);
-  a.ffn_hidden = config.integer("ffn_hidden", a.ffn_hidden);
-  a.vocab_size = config.integer("vocab_size", a.vocab_size);
-  a.rope_theta = config.real("rope_theta", a.rope_theta);
-  a.norm_eps = config.real("norm_eps", a.norm_eps);
+  config.update("dim", a.dim);
+  config.update("n_layers", a.n_layers);
+  config.update("n_heads", a.n_heads);
+  config.update("n_kv_heads", a.n_kv_heads);
+  config.update("ffn_hidden", a.ffn_hidden);
+  config.update("vocab_size", a.vocab_size);
+  config.update("rope_theta", a.rope_theta);
+  config.update("norm_eps", a.norm_eps);
 
   auto positive = [&](const char* key, int64_t v) {
     if (v < 1) config.invalid(key, "must be at least 1, got " + std::to_string(v));

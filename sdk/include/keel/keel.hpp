@@ -117,6 +117,14 @@ class Config {
     check(host_->api->config_string(host_, config_, key, fallback, &out, nullptr));
     return out != nullptr ? std::string(out) : std::string();
   }
+  /// Overwrites `value` with the key's value when present (the current value is the default).
+  void update(const char* key, int64_t& value) const { value = integer(key, value); }
+  /// Overwrites `value` with the key's number when present.
+  void update(const char* key, double& value) const { value = real(key, value); }
+  /// Overwrites `value` with the key's boolean when present.
+  void update(const char* key, bool& value) const { value = boolean(key, value); }
+  /// Overwrites `value` with the key's string when present.
+  void update(const char* key, std::string& value) const { value = string(key, value.c_str()); }
   /// Reports that `key` holds an impossible value and throws; the host adds file and line.
   [[noreturn]] void invalid(const char* key, const std::string& why) const {
     keel_status status = host_->api->config_invalid(host_, config_, key, why.c_str());
