@@ -40,11 +40,53 @@ keel_mesh_info MeshLayout::info() const {
 }
 
 Mesh::Mesh(const MeshLayout& layout) : layout_(layout) {
-  if (layout.world() != 1)
-    throw std::invalid_argument(
-        cat("this build runs single-rank meshes only; the layout asks for ", layout.world(), " ranks"));
+  if (layout.world() != 1) throw std::invalid_argument(cat("a mesh of ", layout.world(), " ranks needs a rendezvous"));
   for (int kind = KEEL_GROUP_WORLD; kind <= KEEL_GROUP_EDP; ++kind)
     groups_.push_back(std::make_unique<SoloGroup>(layout.rank));
+}
+
+Mesh::Mesh(const MeshLayout& layout, const Rendezvous& rendezvous) : layout_(layout) {
+  if (rendezvous.world_size != layout.world() || rendezvous.rank != layout.rank)
+    throw std::invalid_argument(cat("rendezvous of rank ", rendezvous.rank, "/", rendezvous.world_size,
+                                    " does not match the layout's rank ", layout.rank, "/", layout.world()));
+  if (layout.world() > 1) world_ = std::make_unique<C10dWorld>(rendezvous);
+  const char* names[] = {"world", "pp", "dp", "ep", "edp"};
+  // Every rank builds its groups in this order, so each group's members meet in it.
+  for (int kind = KEEL_GROUP_WORLD; kind <= KEEL_GROUP_EDP; ++kind) {
+    std::vector<int> list = members(layout, static_cast<keel_group_kind>(kind));
+    std::vector<std::string> ranks;
+    for (int r : list) ranks.push_back(std::to_string(r));
+    groups_.push_back(make(cat(names[kind], ".", join(ranks, "-")), list));
+  }
+}
+
+Mesh::~Mesh() = default;
+
+std::vector<int> Mesh::members(const MeshLayout& m, keel_group_kind kind) {
+  std::vector<int> out;
+  switch (kind) {
+    case KEEL_GROUP_WORLD:
+      for (int r = 0; r < m.world(); ++r) out.push_back(r);
+      break;
+    case KEEL_GROUP_PP:
+      for (int p = 0; p < m.pp; ++p) out.push_back(m.rank_of(p, m.dp_index));
+      break;
+    case KEEL_GROUP_DP:
+      for (int d = 0; d < m.dp; ++d) out.push_back(m.rank_of(m.pp_index, d));
+      break;
+    case KEEL_GROUP_EP:
+      for (int e = 0; e < m.ep; ++e) out.push_back(m.rank_of(m.pp_index, m.edp_index * m.ep + e));
+      break;
+    case KEEL_GROUP_EDP:
+      for (int x = 0; x < m.edp(); ++x) out.push_back(m.rank_of(m.pp_index, x * m.ep + m.ep_index));
+      break;
+  }
+  return out;
+}
+
+std::unique_ptr<Group> Mesh::make(const std::string& name, const std::vector<int>& list) {
+  if (list.size() == 1 || world_ == nullptr) return std::make_unique<SoloGroup>(layout_.rank);
+  return world_->make_group(name, list);
 }
 
 Group& Mesh::group(keel_group_kind kind) {
@@ -60,8 +102,9 @@ Group* Mesh::new_group(const std::vector<int>& world_ranks) {
     throw std::invalid_argument("new_group: ranks must be sorted and distinct");
   for (int r : world_ranks)
     if (r < 0 || r >= layout_.world()) throw std::invalid_argument(cat("new_group: rank ", r, " outside the world"));
+  int index = sub_groups_made_++;
   if (std::find(world_ranks.begin(), world_ranks.end(), layout_.rank) == world_ranks.end()) return nullptr;
-  sub_groups_.push_back(std::make_unique<SoloGroup>(layout_.rank));
+  sub_groups_.push_back(make(cat("sub.", index), world_ranks));
   return sub_groups_.back().get();
 }
 

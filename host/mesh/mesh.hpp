@@ -7,6 +7,7 @@
 
 #include <keel/keel.h>
 
+#include "mesh/c10d_group.hpp"
 #include "mesh/group.hpp"
 
 namespace keel {
@@ -32,17 +33,28 @@ struct MeshLayout {
 /// The mesh's groups for this rank, and sub-groups plugins create during setup.
 class Mesh {
  public:
-  /// Builds the groups of `layout`; this version runs meshes of one rank only.
+  /// The mesh of a single-rank job.
   explicit Mesh(const MeshLayout& layout);
+  /// Joins the job's rendezvous and builds this rank's pp, dp, ep, edp and world groups on
+  /// c10d (groups of one rank stay local). [collective: world]
+  Mesh(const MeshLayout& layout, const Rendezvous& rendezvous);
+  ~Mesh();
   /// This rank's layout.
   const MeshLayout& layout() const { return layout_; }
   /// The group of that kind.
   Group& group(keel_group_kind kind);
   /// A sub-group of the given world ranks; nullptr when this rank is not a member.
+  /// [collective: world] (every rank calls it with the same lists in the same order)
   Group* new_group(const std::vector<int>& world_ranks);
+  /// The world ranks of the group of `kind` that holds `rank` — the layout rule, in one place.
+  static std::vector<int> members(const MeshLayout& layout, keel_group_kind kind);
 
  private:
+  std::unique_ptr<Group> make(const std::string& name, const std::vector<int>& members);
+
   MeshLayout layout_;
+  std::unique_ptr<C10dWorld> world_;
+  int sub_groups_made_ = 0;
   std::vector<std::unique_ptr<Group>> groups_;  // by keel_group_kind
   std::vector<std::unique_ptr<Group>> sub_groups_;
 };

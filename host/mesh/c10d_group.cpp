@@ -1,0 +1,144 @@
+#include "mesh/c10d_group.hpp"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+#include <stdexcept>
+
+#include "common/text.hpp"
+
+namespace keel {
+
+namespace {
+
+c10d::ReduceOp to_c10d(keel_reduce_op op) {
+  switch (op) {
+    case KEEL_REDUCE_MAX:
+      return c10d::ReduceOp::MAX;
+    case KEEL_REDUCE_MIN:
+      return c10d::ReduceOp::MIN;
+    default:
+      return c10d::ReduceOp::SUM;  // AVG is SUM then a division: Gloo has no AVG
+  }
+}
+
+class C10dGroup final : public Group {
+ public:
+  C10dGroup(c10::intrusive_ptr<c10d::Backend> backend, std::vector<int> members, int rank)
+      : backend_(std::move(backend)), members_(std::move(members)), rank_(rank) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(members_.size()); }
+  const std::vector<int>& world_ranks() const override { return members_; }
+
+  void all_reduce(at::Tensor& tensor, keel_reduce_op op) override {
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = to_c10d(op);
+    std::vector<at::Tensor> tensors{tensor};
+    backend_->allreduce(tensors, opts)->wait();
+    if (op == KEEL_REDUCE_AVG) tensor.div_(size());
+  }
+  void broadcast(at::Tensor& tensor, int root) override {
+    c10d::BroadcastOptions opts;
+    opts.rootRank = root;
+    std::vector<at::Tensor> tensors{tensor};
+    backend_->broadcast(tensors, opts)->wait();
+  }
+  void all_gather(at::Tensor& output, const at::Tensor& input) override {
+    at::Tensor in = input.contiguous();
+    backend_->all_gather_single(output, in)->wait();
+  }
+  void reduce_scatter(at::Tensor& output, const at::Tensor& input, keel_reduce_op op) override {
+    // Gloo has no reduce-scatter of one buffer: reduce the whole input, keep this member's slice.
+    at::Tensor reduced = input.clone();
+    all_reduce(reduced, op);
+    output.copy_(reduced.chunk(size(), 0)[static_cast<size_t>(rank_)]);
+  }
+  void all_to_all(at::Tensor& output, const at::Tensor& input, const std::vector<int64_t>& output_splits,
+                  const std::vector<int64_t>& input_splits) override {
+    std::vector<int64_t> out_splits = output_splits, in_splits = input_splits;
+    at::Tensor in = input.contiguous();
+    backend_->all_to_all_single(output, in, out_splits, in_splits)->wait();
+  }
+  void send(const at::Tensor& tensor, int peer, int tag) override {
+    std::vector<at::Tensor> tensors{tensor.contiguous()};
+    backend_->send(tensors, peer, tag)->wait();
+  }
+  void recv(at::Tensor& tensor, int peer, int tag) override {
+    std::vector<at::Tensor> tensors{tensor};
+    backend_->recv(tensors, peer, tag)->wait();
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Backend> backend_;
+  std::vector<int> members_;
+  int rank_;
+};
+
+}  // namespace
+
+Rendezvous Rendezvous::from_environment(int rank, int world_size, std::chrono::milliseconds timeout) {
+  Rendezvous r;
+  r.rank = rank;
+  r.world_size = world_size;
+  r.timeout = timeout;
+  if (const char* addr = std::getenv("MASTER_ADDR"); addr != nullptr && *addr != '\0') r.master_addr = addr;
+  if (const char* port = std::getenv("MASTER_PORT"); port != nullptr && *port != '\0') {
+    char* end = nullptr;
+    long value = std::strtol(port, &end, 10);
+    if (*end != '\0' || value <= 0 || value > 65535)
+      throw std::invalid_argument(cat("MASTER_PORT='", port, "' is not a port number"));
+    r.master_port = static_cast<int>(value);
+  }
+  return r;
+}
+
+struct C10dWorld::Impl {
+  Rendezvous rendezvous;
+  c10::intrusive_ptr<c10d::Store> store;
+};
+
+C10dWorld::C10dWorld(const Rendezvous& r) : impl_(std::make_unique<Impl>()) {
+  impl_->rendezvous = r;
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<uint16_t>(r.master_port);
+  opts.isServer = r.rank == 0;
+  opts.numWorkers = r.world_size;
+  opts.waitWorkers = true;
+  opts.timeout = r.timeout;
+  try {
+    impl_->store = c10::make_intrusive<c10d::TCPStore>(r.master_addr, opts);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(
+        cat("rank ", r.rank, ": rendezvous at ", r.master_addr, ":", r.master_port, " failed: ", e.what()));
+  }
+}
+
+C10dWorld::~C10dWorld() = default;
+
+std::unique_ptr<Group> C10dWorld::make_group(const std::string& name, const std::vector<int>& members) {
+  const int me = impl_->rendezvous.rank;
+  auto it = std::find(members.begin(), members.end(), me);
+  if (it == members.end()) throw std::invalid_argument(cat("rank ", me, " is not a member of group ", name));
+  int group_rank = static_cast<int>(it - members.begin());
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>("keel/" + name, impl_->store);
+  auto options = c10d::ProcessGroupGloo::Options::create();
+  options->timeout = impl_->rendezvous.timeout;
+  // Loopback jobs stay on loopback; otherwise GLOO_SOCKET_IFNAME or the host's own address.
+  const std::string& addr = impl_->rendezvous.master_addr;
+  const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+  if (ifname != nullptr && *ifname != '\0')
+    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+  else if (addr == "127.0.0.1" || addr == "localhost")
+    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  else
+    options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+  auto backend =
+      c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, group_rank, static_cast<int>(members.size()), options);
+  return std::make_unique<C10dGroup>(backend, members, group_rank);
+}
+
+}  // namespace keel

@@ -1,0 +1,44 @@
+// A mesh group on LibTorch's c10d: Gloo on CPU (NCCL arrives with the CUDA path). Groups meet
+// through one TCPStore per job, each under its own prefix, so only members construct a group.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mesh/group.hpp"
+
+namespace keel {
+
+/// The rendezvous of a job: torchrun's environment (MASTER_ADDR, MASTER_PORT) and a timeout.
+struct Rendezvous {
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  int rank = 0;
+  int world_size = 1;
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+
+  /// Reads MASTER_ADDR / MASTER_PORT (defaults above) for `rank` of `world_size`.
+  static Rendezvous from_environment(int rank, int world_size, std::chrono::milliseconds timeout);
+};
+
+/// The job's store and the factory of its groups.
+class C10dWorld {
+ public:
+  /// Connects to (rank 0: serves) the job's TCPStore; blocks until every rank has joined.
+  explicit C10dWorld(const Rendezvous& rendezvous);
+  ~C10dWorld();
+  C10dWorld(const C10dWorld&) = delete;
+  C10dWorld& operator=(const C10dWorld&) = delete;
+
+  /// A Gloo group of the sorted world ranks `members` (this rank must be one), named `name`
+  /// (the same on every member).
+  std::unique_ptr<Group> make_group(const std::string& name, const std::vector<int>& members);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace keel

@@ -1,0 +1,103 @@
+// One rank of a real multi-process mesh test: joins the rendezvous from torchrun's
+// environment, builds the mesh on Gloo, and checks every host-API collective a plugin can
+// call on its groups. Prints "rank R: ok" and exits 0, or names the first wrong result.
+//   RANK=r WORLD_SIZE=w MASTER_PORT=p mesh_worker PP DP EP
+#include <ATen/ATen.h>
+
+#include <keel/keel.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "mesh/mesh.hpp"
+#include "metrics/step_metrics.hpp"
+#include "plugins/host_context.hpp"
+
+namespace {
+
+int rank_ = 0;
+
+void expect(bool ok, const std::string& what) {
+  if (ok) return;
+  std::printf("rank %d: FAILED %s\n", rank_, what.c_str());
+  std::exit(1);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 4) return 2;
+  const int pp = std::atoi(argv[1]), dp = std::atoi(argv[2]), ep = std::atoi(argv[3]);
+  rank_ = std::atoi(std::getenv("RANK"));
+  const int world = std::atoi(std::getenv("WORLD_SIZE"));
+  keel::MeshLayout layout = keel::MeshLayout::compute(pp, dp, ep, rank_);
+  keel::Mesh mesh(layout, keel::Rendezvous::from_environment(rank_, world, std::chrono::seconds(60)));
+  keel::StepMetrics metrics;
+  keel::HostContext context("test", {&mesh, &metrics});
+  keel::Host host(context.raw());
+  const keel_mesh_info info = host.mesh();
+  expect(info.rank == rank_ && info.world_size == world && info.pp_index == rank_ / dp, "mesh_info coordinates");
+
+  for (keel_group_kind kind : {KEEL_GROUP_WORLD, KEEL_GROUP_PP, KEEL_GROUP_DP, KEEL_GROUP_EP, KEEL_GROUP_EDP}) {
+    keel_group* g = host.group(kind);
+    const int n = host.size(g), me = host.rank(g);
+    std::vector<int> members = keel::Mesh::members(layout, kind);
+    expect(n == static_cast<int>(members.size()) && members[static_cast<size_t>(me)] == rank_, "group membership");
+    // SUM, MAX and AVG of the members' world ranks.
+    double sum = 0, max = 0;
+    for (int m : members) sum += m, max = std::max(max, static_cast<double>(m));
+    at::Tensor t = at::full({3}, static_cast<double>(rank_), at::kDouble);
+    host.all_reduce(g, t, KEEL_REDUCE_SUM);
+    expect(t[0].item<double>() == sum, "all_reduce SUM");
+    at::Tensor m = at::full({2}, static_cast<double>(rank_), at::kDouble);
+    host.all_reduce(g, m, KEEL_REDUCE_MAX);
+    expect(m[1].item<double>() == max, "all_reduce MAX");
+    at::Tensor a = at::full({2}, static_cast<double>(rank_), at::kDouble);
+    host.all_reduce(g, a, KEEL_REDUCE_AVG);
+    expect(a[0].item<double>() == sum / n, "all_reduce AVG");
+    // Broadcast from the last member.
+    at::Tensor b = at::full({4}, static_cast<double>(rank_), at::kDouble);
+    host.broadcast(g, b, n - 1);
+    expect(b[3].item<double>() == members.back(), "broadcast");
+    // All-gather and reduce-scatter through the raw ABI.
+    at::Tensor mine = at::full({2}, static_cast<double>(rank_), at::kDouble);
+    at::Tensor gathered = at::empty({2 * n}, at::kDouble);
+    keel::check(context.raw()->api->all_gather(context.raw(), g, keel::handle(gathered), keel::handle(mine), nullptr));
+    for (int i = 0; i < n; ++i) expect(gathered[2 * i].item<double>() == members[static_cast<size_t>(i)], "all_gather");
+    at::Tensor input = at::arange(2 * n, at::kDouble), slice = at::empty({2}, at::kDouble);
+    keel::check(context.raw()->api->reduce_scatter(context.raw(), g, keel::handle(slice), keel::handle(input),
+                                                   KEEL_REDUCE_SUM, nullptr));
+    expect(slice[0].item<double>() == 2.0 * me * n, "reduce_scatter");
+    // All-to-all with uneven splits: member i sends i + 1 rows to every member.
+    std::vector<int64_t> in_splits(static_cast<size_t>(n), me + 1), out_splits;
+    for (int i = 0; i < n; ++i) out_splits.push_back(i + 1);
+    at::Tensor send = at::full({n * (me + 1), 2}, static_cast<double>(rank_), at::kDouble);
+    at::Tensor recv = at::empty({n * (n + 1) / 2, 2}, at::kDouble);
+    host.all_to_all(g, recv, send, out_splits, in_splits);
+    for (int i = 0, row = 0; i < n; row += i + 1, ++i)
+      expect(recv[row][0].item<double>() == members[static_cast<size_t>(i)], "all_to_all");
+  }
+  // Point to point between pipeline stages.
+  if (pp > 1) {
+    keel_group* g = host.group(KEEL_GROUP_PP);
+    at::Tensor t = at::full({5}, static_cast<double>(rank_), at::kDouble);
+    if (layout.pp_index == 0) {
+      keel::check(context.raw()->api->send(context.raw(), g, keel::handle(t), 1, 7, nullptr));
+    } else if (layout.pp_index == 1) {
+      keel::check(context.raw()->api->recv(context.raw(), g, keel::handle(t), 0, 7, nullptr));
+      expect(t[0].item<double>() == layout.rank_of(0, layout.dp_index), "send/recv");
+    }
+  }
+  // A plugin-requested sub-group {0, world-1}, created by every rank.
+  keel_group* sub = host.new_group({0, world - 1});
+  if (rank_ == 0 || rank_ == world - 1) {
+    at::Tensor t = at::ones({1}, at::kDouble);
+    host.all_reduce(sub, t, KEEL_REDUCE_SUM);
+    expect(t[0].item<double>() == 2.0, "sub-group all_reduce");
+  } else {
+    expect(sub == nullptr, "non-member gets no sub-group");
+  }
+  std::printf("rank %d: ok\n", rank_);
+  return 0;
+}
