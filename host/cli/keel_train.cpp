@@ -30,11 +30,14 @@ int train(const keel::RunOptions& options) {
   std::string resolved = job.tree().resolved_toml();
   std::filesystem::path run_dir = job.config().job.run_dir;
   std::filesystem::create_directories(run_dir);
-  {
+  const bool writer = job.mesh().layout().rank == 0;
+  if (writer) {
     std::ofstream out(run_dir / "config.toml");
     out << "# resolved configuration of " << options.config_path << "\n" << resolved;
   }
-  keel::log_info(keel::cat("resolved configuration (saved to ", (run_dir / "config.toml").string(), "):\n", resolved));
+  if (writer)
+    keel::log_info(
+        keel::cat("resolved configuration (saved to ", (run_dir / "config.toml").string(), "):\n", resolved));
   keel::Trainer trainer(job);
   keel::RunSummary summary = trainer.run();
   std::vector<std::string> parts = {keel::format("done: %ld steps, loss %.4f -> %.4f",

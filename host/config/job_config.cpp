@@ -59,6 +59,7 @@ JobConfig read_job_config(ConfigTree& tree, int world_size, bool cuda_available)
   c.parallelism.ep = static_cast<int>(at_least(par, "ep", 1, 1));
   c.parallelism.schedule = par.choice("schedule", "1f1b", {"1f1b", "gpipe"});
   c.parallelism.microbatches = static_cast<int>(at_least(par, "microbatches", 1, 1));
+  c.parallelism.timeout_s = static_cast<int>(at_least(par, "timeout_s", 300, 1));
   if (c.parallelism.pp * c.parallelism.dp != world_size)
     par.invalid(c.parallelism.dp != 1 || !par.has("pp") ? "dp" : "pp",
                 cat("pp x dp = ", c.parallelism.pp, " x ", c.parallelism.dp, " = ", c.parallelism.pp * c.parallelism.dp,

@@ -26,6 +26,7 @@ struct ParallelismSection {
   int pp = 1, dp = 1, ep = 1;
   std::string schedule = "1f1b";
   int microbatches = 1;
+  int timeout_s = 300;  ///< collectives and the rendezvous give up after this
 };
 
 struct TrainingSection {

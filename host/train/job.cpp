@@ -2,6 +2,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <stdexcept>
 
@@ -40,11 +41,14 @@ Job::Job(const RunOptions& options, bool meta) : tree_(load_tree(options)) {
   int local_rank = env_int("LOCAL_RANK", 0);
   config_ = read_job_config(tree_, world, cuda_available());
   const ParallelismSection& par = config_.parallelism;
-  if (world != 1)
-    throw InputError(cat("WORLD_SIZE=", world,
-                         ": this version of keel-train runs one rank; multi-rank meshes "
-                         "(parallelism.pp/dp/ep > 1) are not available yet"));
-  mesh_ = std::make_unique<Mesh>(MeshLayout::compute(par.pp, par.dp, par.ep, rank));
+  if (par.pp > 1 || par.ep > 1)
+    ConfigSection(tree_, "parallelism")
+        .invalid(par.pp > 1 ? "pp" : "ep",
+                 "pipeline and expert parallelism are not available in this version; data parallelism (dp) is");
+  MeshLayout layout = MeshLayout::compute(par.pp, par.dp, par.ep, rank);
+  mesh_ = world == 1 ? std::make_unique<Mesh>(layout)
+                     : std::make_unique<Mesh>(
+                           layout, Rendezvous::from_environment(rank, world, std::chrono::seconds(par.timeout_s)));
   set_log_rank(rank);
   device_ = meta ? at::Device(at::kMeta) : resolve_device(config_.training.device, local_rank);
   if (config_.training.threads > 0) at::set_num_threads(config_.training.threads);

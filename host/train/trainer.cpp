@@ -117,10 +117,21 @@ double Trainer::step(int64_t step, bool read_loss) {
   lr_.fill_(schedule_->at(step + 1));
   if (c.debug.replica_check_interval > 0 && step % c.debug.replica_check_interval == 0) check_replicas(step);
 
+  // Every replica's share of the token-summed loss, so each rank logs the global loss.
+  job_.mesh().group(KEEL_GROUP_DP).all_reduce(loss_total, KEEL_REDUCE_SUM);
   last_norm_ = norm;
   last_found_inf_ = found_inf;
   last_loss_ = loss_total / global_tokens;
   return read_loss ? last_loss_.item<double>() : 0.0;
+}
+
+int Trainer::agreed_stop() {
+  // A signal reaches one rank (or all, at different steps): all stop after the same step.
+  Group& world = job_.mesh().group(KEEL_GROUP_WORLD);
+  if (world.size() == 1) return stop_requested();
+  at::Tensor flag = at::full({}, static_cast<double>(stop_requested()), at::kDouble);
+  world.all_reduce(flag, KEEL_REDUCE_MAX);
+  return static_cast<int>(flag.item<double>());
 }
 
 void Trainer::check_replicas(int64_t step) const {
@@ -154,7 +165,9 @@ RunSummary Trainer::run() {
   summary.loss_floor = source_->loss_floor();
   log_info(source_->describe());
   fs::path run_dir = c.job.run_dir;
-  MetricsLog log(c.metrics.jsonl ? (run_dir / "metrics.jsonl").string() : std::string());
+  // One rank writes what every rank knows (rank 0 holds the loss of its replica's last stage).
+  const bool writer = job_.mesh().layout().rank == 0;
+  MetricsLog log(c.metrics.jsonl && writer ? (run_dir / "metrics.jsonl").string() : std::string());
   install_stop_handlers();
 
   using clock = std::chrono::steady_clock;
@@ -181,7 +194,7 @@ RunSummary Trainer::run() {
       r.peak_memory_bytes = peak_memory_bytes(job_.device());
       r.skipped = last_found_inf_.item<float>() != 0.0f;
       r.plugin_metrics = job_.step_metrics().resolve();
-      log.write(r);
+      if (writer) log.write(r);
       if (s == 1) {
         summary.first_loss = loss;
         summary.first_metrics = r.plugin_metrics;
@@ -191,14 +204,14 @@ RunSummary Trainer::run() {
       interval_start = clock::now();
       interval_steps = 0;
     }
-    if (int signal = stop_requested()) {
+    if (int signal = agreed_stop()) {
       summary.stop_signal = signal;
       if (!log_now) summary.final_loss = last_loss_.item<double>();
       log_info(cat("stopping after step ", s, " (", signal == SIGINT ? "SIGINT" : "SIGTERM", ")"));
       break;
     }
   }
-  if (c.checkpoint.save_final) {
+  if (c.checkpoint.save_final && writer) {
     summary.weights_path = (run_dir / "final" / "model.safetensors").string();
     save_weights(summary.weights_path, summary.steps_done);
     log_info(cat("final weights: ", summary.weights_path));

@@ -49,6 +49,7 @@ class Trainer {
 
  private:
   void reduce_gradients();
+  int agreed_stop();
   void check_replicas(int64_t step) const;
 
   Job& job_;
