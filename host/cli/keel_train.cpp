@@ -48,7 +48,7 @@ int train(const keel::RunOptions& options) {
       parts.push_back(keel::format("%s %.4f -> %.4f", name.c_str(), summary.first_metrics.at(name), last));
   std::string line = keel::join(parts, ", ");
   if (summary.loss_floor) line.append(keel::format("; the data's next-token loss floor is %.4f", *summary.loss_floor));
-  keel::log_info(line);
+  if (writer) keel::log_info(line);
   return 0;
 }
 
