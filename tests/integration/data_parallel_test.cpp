@@ -2,10 +2,6 @@
 // matches the single-rank run of the same job step by step, for both model plugins.
 #include <gtest/gtest.h>
 
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -13,18 +9,6 @@
 
 namespace keel {
 namespace {
-
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
 
 struct Curve {
   std::vector<double> loss, grad_norm;
@@ -50,7 +34,7 @@ Curve train(const test::TempDir& dir, const std::string& model, int world) {
                      " --set job.run_dir=\\\"" + run + "\\\"";
   std::string cmd = "pids=''; for r in $(seq 0 " + std::to_string(world - 1) +
                     "); do RANK=$r LOCAL_RANK=$r WORLD_SIZE=" + std::to_string(world) +
-                    " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port()) + " timeout 300 " +
+                    " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(test::free_port()) + " timeout 300 " +
                     test::bin_dir() + "/keel-train" + args + " > " + run +
                     ".$r.log 2>&1 & pids=\"$pids $!\"; done; rc=0; for p in $pids; do wait $p || rc=1; done; exit $rc";
   auto r = test::run_command(cmd);

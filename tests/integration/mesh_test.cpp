@@ -2,10 +2,6 @@
 // of the layout, from separate processes that meet through torchrun's environment.
 #include <gtest/gtest.h>
 
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <string>
 
 #include "test_support.hpp"
@@ -13,21 +9,9 @@
 namespace keel {
 namespace {
 
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
 // Runs `world` workers of layout pp x dp (ep) and returns their combined output and status.
 test::CommandResult run_mesh(int pp, int dp, int ep) {
-  int world = pp * dp, port = free_port();
+  int world = pp * dp, port = test::free_port();
   std::string cmd =
       "pids=''; for r in $(seq 0 " + std::to_string(world - 1) + "); do RANK=$r WORLD_SIZE=" + std::to_string(world) +
       " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " OMP_NUM_THREADS=1 timeout 120 " +
