@@ -22,8 +22,7 @@ namespace {
 
 int train(const keel::RunOptions& options) {
   if (options.dry_run) {
-    keel::Job job(options, /*meta=*/true);
-    keel::print_dry_run(job);
+    keel::print_dry_run(options);
     return 0;
   }
   keel::Job job(options, /*meta=*/false);

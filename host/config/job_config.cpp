@@ -60,7 +60,13 @@ JobConfig read_job_config(ConfigTree& tree, int world_size, bool cuda_available)
   c.parallelism.schedule = par.choice("schedule", "1f1b", {"1f1b", "gpipe"});
   c.parallelism.microbatches = static_cast<int>(at_least(par, "microbatches", 1, 1));
   c.parallelism.timeout_s = static_cast<int>(at_least(par, "timeout_s", 300, 1));
-  if (c.parallelism.pp * c.parallelism.dp != world_size)
+  c.parallelism.grad_bucket_mb = at_least(par, "grad_bucket_mb", 25, 0);
+  c.parallelism.layers_per_stage = par.integers("layers_per_stage", {});
+  if (!c.parallelism.layers_per_stage.empty() &&
+      c.parallelism.layers_per_stage.size() != static_cast<size_t>(c.parallelism.pp))
+    par.invalid("layers_per_stage",
+                cat("lists ", c.parallelism.layers_per_stage.size(), " stage(s), but pp = ", c.parallelism.pp));
+  if (world_size > 0 && c.parallelism.pp * c.parallelism.dp != world_size)
     par.invalid(c.parallelism.dp != 1 || !par.has("pp") ? "dp" : "pp",
                 cat("pp x dp = ", c.parallelism.pp, " x ", c.parallelism.dp, " = ", c.parallelism.pp * c.parallelism.dp,
                     ", but the job runs ", world_size, " rank(s) (WORLD_SIZE)"));
@@ -133,6 +139,8 @@ JobConfig read_job_config(ConfigTree& tree, int world_size, bool cuda_available)
 
   ConfigSection dbg = tree.section("debug");
   c.debug.replica_check_interval = at_least(dbg, "replica_check_interval", 0, 0);
+  c.debug.perturb_replicas = dbg.choice("perturb_replicas", "none", {"none", "before_post_init", "after_post_init"});
+  c.debug.dump_state = dbg.boolean("dump_state", false);
   return c;
 }
 

@@ -26,7 +26,9 @@ struct ParallelismSection {
   int pp = 1, dp = 1, ep = 1;
   std::string schedule = "1f1b";
   int microbatches = 1;
-  int timeout_s = 300;  ///< collectives and the rendezvous give up after this
+  int timeout_s = 300;                    ///< collectives and the rendezvous give up after this
+  std::vector<int64_t> layers_per_stage;  ///< explicit stage split; empty = balanced by layer count
+  int64_t grad_bucket_mb = 25;            ///< data-parallel gradient all-reduce bucket size (0: per parameter)
 };
 
 struct TrainingSection {
@@ -74,6 +76,8 @@ struct MetricsSection {
 
 struct DebugSection {
   int64_t replica_check_interval = 0;
+  std::string perturb_replicas = "none";  ///< fault injection: "none" | "before_post_init" | "after_post_init"
+  bool dump_state = false;                ///< write final/state.safetensors (parameters, buffers, optimizer)
 };
 
 /// Every host-owned setting of a job.
@@ -91,7 +95,8 @@ struct JobConfig {
   DebugSection debug;
 };
 
-/// Reads and validates the host sections for a world of `world_size` ranks; training.device
+/// Reads and validates the host sections for a world of `world_size` ranks (0: any world, as a
+/// dry run of the configured layout); training.device
 /// "auto" resolves to "cuda" when `cuda_available`. Impossible values and combinations are
 /// InputErrors naming the key and its position.
 JobConfig read_job_config(ConfigTree& tree, int world_size, bool cuda_available);

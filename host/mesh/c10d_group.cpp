@@ -25,6 +25,15 @@ c10d::ReduceOp to_c10d(keel_reduce_op op) {
   }
 }
 
+class C10dWork final : public Work {
+ public:
+  explicit C10dWork(c10::intrusive_ptr<c10d::Work> work) : work_(std::move(work)) {}
+  void wait() override { work_->wait(); }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+};
+
 class C10dGroup final : public Group {
  public:
   C10dGroup(c10::intrusive_ptr<c10d::Backend> backend, std::vector<int> members, int rank)
@@ -40,6 +49,13 @@ class C10dGroup final : public Group {
     std::vector<at::Tensor> tensors{tensor};
     backend_->allreduce(tensors, opts)->wait();
     if (op == KEEL_REDUCE_AVG) tensor.div_(size());
+  }
+  std::unique_ptr<Work> all_reduce_async(at::Tensor& tensor, keel_reduce_op op) override {
+    if (op == KEEL_REDUCE_AVG) throw std::invalid_argument("all_reduce_async: AVG is not asynchronous; use SUM");
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = to_c10d(op);
+    std::vector<at::Tensor> tensors{tensor};
+    return std::make_unique<C10dWork>(backend_->allreduce(tensors, opts));
   }
   void broadcast(at::Tensor& tensor, int root) override {
     c10d::BroadcastOptions opts;
@@ -70,6 +86,15 @@ class C10dGroup final : public Group {
   void recv(at::Tensor& tensor, int peer, int tag) override {
     std::vector<at::Tensor> tensors{tensor};
     backend_->recv(tensors, peer, tag)->wait();
+  }
+  std::unique_ptr<Work> isend(const at::Tensor& tensor, int peer, int tag) override {
+    // The c10d work keeps the tensor alive until it completes.
+    std::vector<at::Tensor> tensors{tensor.contiguous()};
+    return std::make_unique<C10dWork>(backend_->send(tensors, peer, tag));
+  }
+  std::unique_ptr<Work> irecv(at::Tensor& tensor, int peer, int tag) override {
+    std::vector<at::Tensor> tensors{tensor};
+    return std::make_unique<C10dWork>(backend_->recv(tensors, peer, tag));
   }
 
  private:

@@ -1,5 +1,7 @@
 #include "mesh/group.hpp"
 
+#include <algorithm>
+#include <cstring>
 #include <stdexcept>
 
 #include "common/text.hpp"
@@ -43,6 +45,36 @@ void SoloGroup::send(const at::Tensor&, int peer, int) {
 
 void SoloGroup::recv(at::Tensor&, int peer, int) {
   throw std::invalid_argument(cat("recv: a group of 1 has no peer ", peer));
+}
+
+std::unique_ptr<Work> SoloGroup::isend(const at::Tensor& tensor, int peer, int tag) {
+  send(tensor, peer, tag);
+  return nullptr;
+}
+
+std::unique_ptr<Work> SoloGroup::irecv(at::Tensor& tensor, int peer, int tag) {
+  recv(tensor, peer, tag);
+  return nullptr;
+}
+
+std::vector<std::string> all_gather_bytes(Group& group, const std::string& bytes) {
+  if (group.size() == 1) return {bytes};
+  // Gloo gathers equal sizes only: agree on the longest, pad to it, cut by the gathered lengths.
+  const auto n = static_cast<size_t>(group.size());
+  at::Tensor length = at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong);
+  at::Tensor lengths = at::empty({group.size()}, at::kLong);
+  group.all_gather(lengths, length);
+  int64_t longest = lengths.max().item<int64_t>();
+  at::Tensor mine = at::zeros({std::max<int64_t>(longest, 1)}, at::kByte);
+  std::memcpy(mine.data_ptr(), bytes.data(), bytes.size());
+  at::Tensor all = at::empty({static_cast<int64_t>(n) * mine.size(0)}, at::kByte);
+  group.all_gather(all, mine);
+  std::vector<std::string> out(n);
+  const char* base = static_cast<const char*>(all.data_ptr());
+  for (size_t i = 0; i < n; ++i)
+    out[i].assign(base + static_cast<int64_t>(i) * mine.size(0),
+                  static_cast<size_t>(lengths[static_cast<int64_t>(i)].item<int64_t>()));
+  return out;
 }
 
 }  // namespace keel

@@ -4,11 +4,21 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include <keel/keel.h>
 
 namespace keel {
+
+/// An in-flight operation; wait() returns once it completed (its tensors may then be reused).
+class Work {
+ public:
+  virtual ~Work() = default;
+  /// Blocks until the operation completed; throws on failure or timeout.
+  virtual void wait() = 0;
+};
 
 /// A set of ranks that run collectives together. Calls are synchronous on the tensor's
 /// stream; every member calls them in the same order.
@@ -36,7 +46,16 @@ class Group {
   virtual void send(const at::Tensor& tensor, int peer, int tag) = 0;
   /// Receives into `tensor` from group rank `peer`.
   virtual void recv(at::Tensor& tensor, int peer, int tag) = 0;
+  /// Starts sending `tensor` to group rank `peer`; the tensor must live until wait().
+  virtual std::unique_ptr<Work> isend(const at::Tensor& tensor, int peer, int tag) = 0;
+  /// Starts receiving into `tensor` from group rank `peer`; read it only after wait().
+  virtual std::unique_ptr<Work> irecv(at::Tensor& tensor, int peer, int tag) = 0;
+  /// Starts an in-place reduction over the members; read the tensor only after wait().
+  virtual std::unique_ptr<Work> all_reduce_async(at::Tensor& tensor, keel_reduce_op op) = 0;
 };
+
+/// Every member's `bytes`, by group rank (sizes may differ). [collective: group]
+std::vector<std::string> all_gather_bytes(Group& group, const std::string& bytes);
 
 /// The group of one rank: every collective is the identity (a copy where input and output
 /// differ), which is what the same call means at any group size of one.
@@ -54,6 +73,9 @@ class SoloGroup final : public Group {
                   const std::vector<int64_t>& input_splits) override;
   void send(const at::Tensor& tensor, int peer, int tag) override;
   void recv(at::Tensor& tensor, int peer, int tag) override;
+  std::unique_ptr<Work> isend(const at::Tensor& tensor, int peer, int tag) override;
+  std::unique_ptr<Work> irecv(at::Tensor& tensor, int peer, int tag) override;
+  std::unique_ptr<Work> all_reduce_async(at::Tensor&, keel_reduce_op) override { return nullptr; }
 
  private:
   std::vector<int> ranks_;

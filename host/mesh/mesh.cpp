@@ -40,12 +40,19 @@ keel_mesh_info MeshLayout::info() const {
 }
 
 Mesh::Mesh(const MeshLayout& layout) : layout_(layout) {
-  if (layout.world() != 1) throw std::invalid_argument(cat("a mesh of ", layout.world(), " ranks needs a rendezvous"));
   for (int kind = KEEL_GROUP_WORLD; kind <= KEEL_GROUP_EDP; ++kind)
     groups_.push_back(std::make_unique<SoloGroup>(layout.rank));
 }
 
-Mesh::Mesh(const MeshLayout& layout, const Rendezvous& rendezvous) : layout_(layout) {
+Mesh::Mesh(const MeshLayout& layout, const Rendezvous& rendezvous) : layout_(layout) { connect(rendezvous); }
+
+std::unique_ptr<Mesh> Mesh::unconnected(const MeshLayout& layout) {
+  return std::unique_ptr<Mesh>(new Mesh(layout, Unconnected{}));
+}
+
+void Mesh::connect(const Rendezvous& rendezvous) {
+  if (!groups_.empty()) throw std::logic_error("the mesh is already connected");
+  const MeshLayout& layout = layout_;
   if (rendezvous.world_size != layout.world() || rendezvous.rank != layout.rank)
     throw std::invalid_argument(cat("rendezvous of rank ", rendezvous.rank, "/", rendezvous.world_size,
                                     " does not match the layout's rank ", layout.rank, "/", layout.world()));
@@ -92,6 +99,10 @@ std::unique_ptr<Group> Mesh::make(const std::string& name, const std::vector<int
 Group& Mesh::group(keel_group_kind kind) {
   if (kind < KEEL_GROUP_WORLD || kind > KEEL_GROUP_EDP)
     throw std::invalid_argument(cat("unknown group kind ", static_cast<int>(kind)));
+  if (groups_.empty())
+    throw std::logic_error(
+        "mesh groups exist only after the rendezvous: components get them from build_part on, "
+        "not in create()");
   return *groups_[static_cast<size_t>(kind)];
 }
 

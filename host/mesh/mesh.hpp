@@ -33,15 +33,21 @@ struct MeshLayout {
 /// The mesh's groups for this rank, and sub-groups plugins create during setup.
 class Mesh {
  public:
-  /// The mesh of a single-rank job.
+  /// A mesh without a rendezvous: every group holds this rank alone. The mesh of a
+  /// single-rank job, or one rank's view of a layout for a dry run (no collective may run).
   explicit Mesh(const MeshLayout& layout);
   /// Joins the job's rendezvous and builds this rank's pp, dp, ep, edp and world groups on
   /// c10d (groups of one rank stay local). [collective: world]
   Mesh(const MeshLayout& layout, const Rendezvous& rendezvous);
+  /// A mesh whose groups are built later by connect(): its layout is known at once, so a job
+  /// validates everything it can before it waits for the other ranks.
+  static std::unique_ptr<Mesh> unconnected(const MeshLayout& layout);
+  /// Joins the rendezvous and builds the groups of an unconnected mesh. [collective: world]
+  void connect(const Rendezvous& rendezvous);
   ~Mesh();
   /// This rank's layout.
   const MeshLayout& layout() const { return layout_; }
-  /// The group of that kind.
+  /// The group of that kind; throws std::logic_error before connect().
   Group& group(keel_group_kind kind);
   /// A sub-group of the given world ranks; nullptr when this rank is not a member.
   /// [collective: world] (every rank calls it with the same lists in the same order)
@@ -50,6 +56,8 @@ class Mesh {
   static std::vector<int> members(const MeshLayout& layout, keel_group_kind kind);
 
  private:
+  struct Unconnected {};
+  Mesh(const MeshLayout& layout, Unconnected) : layout_(layout) {}
   std::unique_ptr<Group> make(const std::string& name, const std::vector<int>& members);
 
   MeshLayout layout_;

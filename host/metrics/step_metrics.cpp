@@ -1,5 +1,6 @@
 #include "metrics/step_metrics.hpp"
 
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 
 #include "common/text.hpp"
@@ -38,6 +39,35 @@ std::map<std::string, double> StepMetrics::resolve() const {
     double v = e.value.item<double>();
     out[name] = e.reduce == KEEL_METRIC_MEAN ? v / static_cast<double>(e.count) : v;
   }
+  return out;
+}
+
+std::map<std::string, double> StepMetrics::resolve_across(Group& world) const {
+  if (world.size() == 1) return resolve();
+  nlohmann::json mine = nlohmann::json::object();
+  for (const auto& [name, e] : entries_) mine[name] = {e.value.item<double>(), e.count, static_cast<int>(e.reduce)};
+  struct Merged {
+    double value = 0;
+    int64_t count = 0;
+    int reduce = 0;
+  };
+  std::map<std::string, Merged> merged;
+  for (const std::string& text : all_gather_bytes(world, mine.dump())) {
+    const nlohmann::json reports = nlohmann::json::parse(text);
+    for (const auto& [name, entry] : reports.items()) {
+      double value = entry[0].get<double>();
+      int64_t count = entry[1].get<int64_t>();
+      auto [it, fresh] = merged.try_emplace(name, Merged{value, count, entry[2].get<int>()});
+      if (fresh) continue;
+      Merged& m = it->second;
+      if (m.reduce == KEEL_METRIC_MAX) m.value = std::max(m.value, value);
+      if (m.reduce == KEEL_METRIC_MEAN || m.reduce == KEEL_METRIC_SUM) m.value += value;
+      m.count += count;  // LAST keeps the lowest rank's value
+    }
+  }
+  std::map<std::string, double> out;
+  for (const auto& [name, m] : merged)
+    out[name] = m.reduce == KEEL_METRIC_MEAN ? m.value / static_cast<double>(m.count) : m.value;
   return out;
 }
 

@@ -9,6 +9,8 @@
 
 #include <keel/keel.h>
 
+#include "mesh/group.hpp"
+
 namespace keel {
 
 /// Per-step accumulators of reported metrics.
@@ -18,6 +20,9 @@ class StepMetrics {
   void report(const std::string& name, const at::Tensor& value, keel_metric_reduce reduce);
   /// The reduced values of this step, read from the device.
   std::map<std::string, double> resolve() const;
+  /// The values of this step over every rank of `world`: MEAN averages all reports of all
+  /// ranks, SUM adds them, MAX takes the largest, LAST the lowest rank's. [collective: world]
+  std::map<std::string, double> resolve_across(Group& world) const;
   /// Forgets this step's reports.
   void clear() { entries_.clear(); }
 

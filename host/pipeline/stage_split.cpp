@@ -21,4 +21,17 @@ std::vector<StageLayers> split_layers(int num_layers, int stages) {
   return out;
 }
 
+std::vector<StageLayers> split_layers(int num_layers, const std::vector<int64_t>& counts) {
+  std::vector<StageLayers> out;
+  int64_t first = 0;
+  for (size_t s = 0; s < counts.size(); ++s) {
+    if (counts[s] < 0) throw std::invalid_argument(cat("stage ", s, " is given ", counts[s], " layers"));
+    out.push_back({static_cast<int>(first), static_cast<int>(counts[s])});
+    first += counts[s];
+  }
+  if (first != num_layers)
+    throw std::invalid_argument(cat("the counts sum to ", first, " layers, but the model has ", num_layers));
+  return out;
+}
+
 }  // namespace keel

@@ -1,6 +1,7 @@
 // How a model's layers are cut into pipeline stages.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 namespace keel {
@@ -15,5 +16,9 @@ struct StageLayers {
 /// (the last stage also holds the head, and MTP when present). Throws std::invalid_argument
 /// when there are fewer layers than stages.
 std::vector<StageLayers> split_layers(int num_layers, int stages);
+
+/// The split given layer counts per stage (`counts.size()` stages, each count >= 0, summing
+/// to `num_layers`). Throws std::invalid_argument saying which condition fails.
+std::vector<StageLayers> split_layers(int num_layers, const std::vector<int64_t>& counts);
 
 }  // namespace keel

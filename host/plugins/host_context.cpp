@@ -78,6 +78,14 @@ struct HostApi {
   static void no_work(keel_work** work) {
     if (work != nullptr) *work = nullptr;
   }
+  // An asynchronous operation: handed out when the caller asked for a handle, else waited for.
+  static void finish(std::unique_ptr<Work> pending, keel_work** work) {
+    if (work != nullptr) {
+      *work = reinterpret_cast<keel_work*>(pending.release());  // NULL when already complete
+      return;
+    }
+    if (pending) pending->wait();
+  }
 
   static void log(keel_host* host, keel_log_level level, const char* message) {
     LogLevel l = level == KEEL_LOG_WARN    ? LogLevel::warn
@@ -123,8 +131,12 @@ struct HostApi {
   }
   static keel_status all_reduce(keel_host* host, keel_group* g, keel_tensor* t, keel_reduce_op op, keel_work** work) {
     return run(host, KEEL_ERROR_RUNTIME, [&] {
-      group_of(g).all_reduce(tensor(t), op);
-      no_work(work);
+      if (work == nullptr || op == KEEL_REDUCE_AVG) {
+        group_of(g).all_reduce(tensor(t), op);
+        no_work(work);
+        return;
+      }
+      finish(group_of(g).all_reduce_async(tensor(t), op), work);
     });
   }
   static keel_status broadcast(keel_host* host, keel_group* g, keel_tensor* t, int32_t root, keel_work** work) {
@@ -159,18 +171,17 @@ struct HostApi {
   }
   static keel_status send(keel_host* host, keel_group* g, const keel_tensor* t, int32_t peer, int32_t tag,
                           keel_work** work) {
-    return run(host, KEEL_ERROR_RUNTIME, [&] {
-      group_of(g).send(tensor(t), peer, tag);
-      no_work(work);
-    });
+    return run(host, KEEL_ERROR_RUNTIME, [&] { finish(group_of(g).isend(tensor(t), peer, tag), work); });
   }
   static keel_status recv(keel_host* host, keel_group* g, keel_tensor* t, int32_t peer, int32_t tag, keel_work** work) {
+    return run(host, KEEL_ERROR_RUNTIME, [&] { finish(group_of(g).irecv(tensor(t), peer, tag), work); });
+  }
+  static keel_status wait(keel_host* host, keel_work* work) {
+    std::unique_ptr<Work> owned(reinterpret_cast<Work*>(work));
     return run(host, KEEL_ERROR_RUNTIME, [&] {
-      group_of(g).recv(tensor(t), peer, tag);
-      no_work(work);
+      if (owned) owned->wait();
     });
   }
-  static keel_status wait(keel_host*, keel_work*) { return KEEL_OK; }
   static keel_status report_metric(keel_host* host, const char* name, const keel_tensor* value,
                                    keel_metric_reduce reduce) {
     return run(host, KEEL_ERROR_INVALID_ARGUMENT, [&] {

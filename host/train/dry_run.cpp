@@ -1,6 +1,7 @@
 #include "train/dry_run.hpp"
 
 #include <cstdio>
+#include <vector>
 
 #include "common/text.hpp"
 
@@ -28,6 +29,31 @@ std::string line(const std::string& label, const ParamCount& c) {
       c.replicas > 0 ? format(", replicas %s", human_count(static_cast<double>(c.replicas)).c_str()).c_str() : "");
 }
 
+// One rank's part: where it sits, what it holds here (local elements, expert range, replicas).
+std::string describe_part(const ModelPart& part, const std::vector<int>& ranks) {
+  const keel_part_spec& s = part.spec();
+  int64_t elements = 0;
+  std::string experts;
+  std::vector<std::string> replicas;
+  for (const ParamRef& p : part.parameters()) {
+    elements += p.tensor->numel();
+    if (p.expert() && experts.empty() && p.shard_dim >= 0)
+      experts = format(", experts %ld-%ld of %ld", static_cast<long>(p.shard_offset),
+                       static_cast<long>(p.shard_offset + p.tensor->size(p.shard_dim) - 1),
+                       static_cast<long>(p.global_dim_size));
+    if (p.replica()) replicas.push_back(p.fqn);
+  }
+  std::vector<std::string> rank_names;
+  for (int r : ranks) rank_names.push_back(std::to_string(r));
+  std::string layers = s.num_layers > 0
+                           ? format("layers %d-%d (%d)", s.first_layer, s.first_layer + s.num_layers - 1, s.num_layers)
+                           : std::string("no layers");
+  return format("rank%s %s: stage %d/%d, %s%s, %zu parameter tensors (%s elements here), %zu buffers%s\n",
+                ranks.size() > 1 ? "s" : "", join(rank_names, ",").c_str(), s.stage_index, s.num_stages, layers.c_str(),
+                experts.c_str(), part.parameters().size(), human_count(static_cast<double>(elements)).c_str(),
+                part.buffers().size(), replicas.empty() ? "" : cat(", REPLICA: ", join(replicas, ", ")).c_str());
+}
+
 }  // namespace
 
 std::map<std::string, ParamCount> count_parameters(const Job& job) {
@@ -40,21 +66,34 @@ std::map<std::string, ParamCount> count_parameters(const Job& job) {
   return counts;
 }
 
-void print_dry_run(const Job& job) {
-  const MeshLayout& mesh = job.mesh().layout();
-  std::printf("model %s from %s\n", job.config().model.component.c_str(), job.model_path().c_str());
-  std::printf("clipper %s from %s\n", job.config().clipper.component.c_str(), job.clipper_path().c_str());
-  std::printf("mesh: pp %d x dp %d (ep %d), %d rank(s)\n", mesh.pp, mesh.dp, mesh.ep, mesh.world());
-  for (ModelPart* part : job.parts()) {
-    const keel_part_spec& s = part->spec();
-    std::printf("rank %d: stage %d/%d, layers %d-%d (%d), %zu parameter tensors, %zu buffers\n", mesh.rank,
-                s.stage_index, s.num_stages, s.first_layer, s.first_layer + s.num_layers - 1, s.num_layers,
-                part->parameters().size(), part->buffers().size());
-  }
-  std::map<std::string, ParamCount> counts = count_parameters(job);
-  for (const auto& [group, count] : counts)
+void print_dry_run(const RunOptions& options) {
+  std::unique_ptr<Job> first = Job::offline(options, 0);
+  const MeshLayout mesh = first->mesh().layout();
+  std::printf("model %s from %s\n", first->config().model.component.c_str(), first->model_path().c_str());
+  std::printf("clipper %s from %s\n", first->config().clipper.component.c_str(), first->clipper_path().c_str());
+  std::printf("mesh: pp %d x dp %d (ep %d, edp %d), %d rank(s), schedule %s, %d microbatch(es)\n", mesh.pp, mesh.dp,
+              mesh.ep, mesh.edp(), mesh.world(), first->config().parallelism.schedule.c_str(),
+              first->config().parallelism.microbatches);
+  // Ranks differ only by stage and expert shard: the dp replicas of a shard hold the same part.
+  std::map<std::string, ParamCount> totals;
+  for (int stage = 0; stage < mesh.pp; ++stage)
+    for (int shard = 0; shard < mesh.ep; ++shard) {
+      std::unique_ptr<Job> view =
+          stage == 0 && shard == 0 ? std::move(first) : Job::offline(options, mesh.rank_of(stage, shard));
+      std::vector<int> ranks;
+      for (int d = shard; d < mesh.dp; d += mesh.ep) ranks.push_back(mesh.rank_of(stage, d));
+      for (ModelPart* part : view->parts()) std::fputs(describe_part(*part, ranks).c_str(), stdout);
+      if (shard != 0) continue;  // shards are counted at their global size once per stage
+      for (const auto& [group, count] : count_parameters(*view)) {
+        ParamCount& t = totals[group];
+        t.total += count.total;
+        t.activated += count.activated;
+        t.replicas += count.replicas;
+      }
+    }
+  for (const auto& [group, count] : totals)
     if (!group.empty()) std::fputs(line(group, count).c_str(), stdout);
-  std::fputs(line("total", counts[""]).c_str(), stdout);
+  std::fputs(line("total", totals[""]).c_str(), stdout);
   std::fflush(stdout);
 }
 

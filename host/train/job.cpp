@@ -35,21 +35,26 @@ ConfigTree load_tree(const RunOptions& options) {
 
 }  // namespace
 
-Job::Job(const RunOptions& options, bool meta) : tree_(load_tree(options)) {
-  int world = env_int("WORLD_SIZE", 1);
-  int rank = env_int("RANK", 0);
-  int local_rank = env_int("LOCAL_RANK", 0);
+Job::Job(const RunOptions& options, bool meta) : Job(options, meta, -1) {}
+
+std::unique_ptr<Job> Job::offline(const RunOptions& options, int rank) {
+  return std::unique_ptr<Job>(new Job(options, /*meta=*/true, rank));
+}
+
+Job::Job(const RunOptions& options, bool meta, int offline_rank) : tree_(load_tree(options)) {
+  const bool offline = offline_rank >= 0;
+  int world = offline ? 0 : env_int("WORLD_SIZE", 1);
+  int rank = offline ? offline_rank : env_int("RANK", 0);
+  int local_rank = offline ? 0 : env_int("LOCAL_RANK", 0);
+  set_log_rank(rank);
   config_ = read_job_config(tree_, world, cuda_available());
   const ParallelismSection& par = config_.parallelism;
-  if (par.pp > 1 || par.ep > 1)
-    ConfigSection(tree_, "parallelism")
-        .invalid(par.pp > 1 ? "pp" : "ep",
-                 "pipeline and expert parallelism are not available in this version; data parallelism (dp) is");
+  if (offline) world = par.pp * par.dp;
+  if (rank >= world) throw InputError(cat("RANK=", rank, " is outside the job's ", world, " rank(s) (WORLD_SIZE)"));
   MeshLayout layout = MeshLayout::compute(par.pp, par.dp, par.ep, rank);
-  mesh_ = world == 1 ? std::make_unique<Mesh>(layout)
-                     : std::make_unique<Mesh>(
-                           layout, Rendezvous::from_environment(rank, world, std::chrono::seconds(par.timeout_s)));
-  set_log_rank(rank);
+  // A multi-rank job joins the rendezvous only after everything checkable alone was checked.
+  const bool distributed = world > 1 && !offline;
+  mesh_ = distributed ? Mesh::unconnected(layout) : std::make_unique<Mesh>(layout);
   device_ = meta ? at::Device(at::kMeta) : resolve_device(config_.training.device, local_rank);
   if (config_.training.threads > 0) at::set_num_threads(config_.training.threads);
   at::globalContext().setFlushDenormal(config_.training.flush_denormal);
@@ -73,11 +78,14 @@ Job::Job(const RunOptions& options, bool meta) : tree_(load_tree(options)) {
 
   const keel_model_info& info = model_->info();
   std::vector<StageLayers> stages;
+  const bool explicit_split = !par.layers_per_stage.empty();
   try {
-    stages = split_layers(info.num_layers, par.pp);
+    stages =
+        explicit_split ? split_layers(info.num_layers, par.layers_per_stage) : split_layers(info.num_layers, par.pp);
   } catch (const std::invalid_argument& e) {
-    ConfigSection(tree_, "parallelism").invalid("pp", e.what());
+    ConfigSection(tree_, "parallelism").invalid(explicit_split ? "layers_per_stage" : "pp", e.what());
   }
+  if (distributed) mesh_->connect(Rendezvous::from_environment(rank, world, std::chrono::seconds(par.timeout_s)));
   keel_part_spec spec{};
   spec.struct_size = sizeof(spec);
   spec.stage_index = mesh_->layout().pp_index;

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,9 +30,13 @@ struct RunOptions {
 /// The assembled job of this rank.
 class Job {
  public:
-  /// Parses, validates and builds; with `meta` parts are built on the meta device (nothing is
-  /// allocated). Throws InputError on bad input.
+  /// Parses, validates and builds this process's rank (RANK / WORLD_SIZE from the
+  /// environment, joining the rendezvous when the world has several ranks); with `meta` parts
+  /// are built on the meta device (nothing is allocated). Throws InputError on bad input.
   Job(const RunOptions& options, bool meta);
+  /// Builds rank `rank` of the configured layout on the meta device, alone: no rendezvous,
+  /// every group holds only this rank (for dry runs of any layout from one process).
+  static std::unique_ptr<Job> offline(const RunOptions& options, int rank);
 
   ConfigTree& tree() { return tree_; }
   const JobConfig& config() const { return config_; }
@@ -49,6 +54,8 @@ class Job {
   const std::string& clipper_path() const { return clipper_path_; }
 
  private:
+  Job(const RunOptions& options, bool meta, int offline_rank);
+
   ConfigTree tree_;
   JobConfig config_;
   std::unique_ptr<Mesh> mesh_;

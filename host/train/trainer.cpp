@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "checkpoint/consolidate.hpp"
 #include "checkpoint/safetensors.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
@@ -12,6 +13,7 @@
 #include "data/synthetic_source.hpp"
 #include "data/token_file.hpp"
 #include "device/device.hpp"
+#include "train/replica_guard.hpp"
 #include "train/stop_signal.hpp"
 
 namespace keel {
@@ -53,14 +55,19 @@ Trainer::Trainer(Job& job) : job_(job) {
       param_infos_.push_back(p.raw);
     }
   }
+  if (c.debug.perturb_replicas == "before_post_init")
+    log_warn(cat("debug.perturb_replicas: perturbed ", perturb_replicas(params_), " replica(s) before post_init"));
   job.model().post_init();
-  // Gradients get their storage once and keep it: zeroed in place every step, never freed.
-  std::vector<OptimParam> optim_params;
-  for (ParamRef& p : params_) {
+  if (c.debug.perturb_replicas == "after_post_init")
+    log_warn(cat("debug.perturb_replicas: perturbed ", perturb_replicas(params_), " replica(s) after post_init"));
+  for (ParamRef& p : params_)
     if (!p.tensor->requires_grad()) throw std::runtime_error(cat("parameter ", p.fqn, " does not require grad"));
-    p.tensor->mutable_grad() = at::zeros_like(*p.tensor);
-    optim_params.push_back({p.fqn, *p.tensor, decays(p.fqn, c.optimizer.no_decay)});
-  }
+  grads_ = std::make_unique<GradientBuckets>(params_, job.mesh(), c.parallelism.grad_bucket_mb << 20);
+  if (grads_->collectives_per_step() > 0 && job.mesh().layout().dp_index == 0)
+    log_info(cat("gradient reduction: ", grads_->collectives_per_step(), " all-reduce(s) per step over dp/edp (",
+                 c.parallelism.grad_bucket_mb, " MiB buckets)"));
+  std::vector<OptimParam> optim_params;
+  for (ParamRef& p : params_) optim_params.push_back({p.fqn, *p.tensor, decays(p.fqn, c.optimizer.no_decay)});
   job.clipper().bind_model_parts(param_infos_);
   optimizer_ = std::make_unique<AdamW>(
       std::move(optim_params),
@@ -72,57 +79,60 @@ Trainer::Trainer(Job& job) : job_(job) {
   const MeshLayout& mesh = job.mesh().layout();
   stream_ =
       std::make_unique<BatchStream>(*source_, c.training.seq_len, c.training.global_batch, mesh.dp, mesh.dp_index);
-}
-
-void Trainer::reduce_gradients() {
-  Group& dp = job_.mesh().group(KEEL_GROUP_DP);
-  Group& edp = job_.mesh().group(KEEL_GROUP_EDP);
-  for (ParamRef& p : params_) {
-    Group& g = p.expert() ? edp : dp;
-    if (g.size() > 1) g.all_reduce(p.tensor->mutable_grad(), KEEL_REDUCE_SUM);
-  }
+  runner_ = std::make_unique<PipelineRunner>(*job.parts().front(), job.mesh().group(KEEL_GROUP_PP),
+                                             c.parallelism.schedule, c.parallelism.microbatches,
+                                             job.model().info().hidden_size, at::kFloat, job.device());
 }
 
 double Trainer::step(int64_t step, bool read_loss) {
   const JobConfig& c = job_.config();
-  const at::Device& device = job_.device();
+  Group& world = job_.mesh().group(KEEL_GROUP_WORLD);
   job_.step_metrics().clear();
   Batch batch = stream_->next();
 
   // The loss is token-summed per microbatch and divided by the step's global token count.
   at::Tensor count = at::full({}, static_cast<double>(batch.labelled_tokens), at::kDouble);
   job_.mesh().group(KEEL_GROUP_DP).all_reduce(count, KEEL_REDUCE_SUM);
-  double global_tokens = count.item<double>();
+  const double global_tokens = count.item<double>();
 
-  for (ParamRef& p : params_) p.tensor->mutable_grad().zero_();
-  at::Tensor loss_total = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device));
-  int m = c.parallelism.microbatches;
-  std::vector<at::Tensor> tokens = batch.tokens.chunk(m, 0);
-  std::vector<at::Tensor> labels = batch.labels.chunk(m, 0);
-  ModelPart& part = *job_.parts().front();
-  for (int mb = 0; mb < m; ++mb) {
-    at::Tensor t = tokens[static_cast<size_t>(mb)].to(device);
-    at::Tensor l = labels[static_cast<size_t>(mb)].to(device);
-    at::Tensor loss_sum = part.forward(t, l, nullptr, mb, m);
-    (loss_sum / global_tokens).backward();
-    loss_total.add_(loss_sum.detach());
-  }
+  grads_->zero();
+  const int m = c.parallelism.microbatches;
+  at::Tensor loss_total = runner_->run(batch.tokens.chunk(m, 0), batch.labels.chunk(m, 0), global_tokens);
+  if (job_.mesh().layout().pp > 1 && read_loss) report_pipeline_bubble();
 
-  reduce_gradients();
+  grads_->reduce();
   job_.model().pre_clip();
   at::Tensor norm = job_.clipper().clip(param_infos_);
   at::Tensor found_inf = norm.isfinite().logical_not().to(at::kFloat);
   optimizer_->step(lr_, found_inf);
   job_.model().post_step();
   lr_.fill_(schedule_->at(step + 1));
-  if (c.debug.replica_check_interval > 0 && step % c.debug.replica_check_interval == 0) check_replicas(step);
+  if (c.debug.replica_check_interval > 0 && step % c.debug.replica_check_interval == 0) {
+    check_replicas(params_, world, step);
+    ++replica_checks_;
+  }
 
-  // Every replica's share of the token-summed loss, so each rank logs the global loss.
-  job_.mesh().group(KEEL_GROUP_DP).all_reduce(loss_total, KEEL_REDUCE_SUM);
+  // Only last stages hold a loss (zero elsewhere): the world's sum is the global token-summed loss.
+  world.all_reduce(loss_total, KEEL_REDUCE_SUM);
   last_norm_ = norm;
   last_found_inf_ = found_inf;
   last_loss_ = loss_total / global_tokens;
   return read_loss ? last_loss_.item<double>() : 0.0;
+}
+
+void Trainer::report_pipeline_bubble() {
+  // The textbook bubble: the idle share of all stages' time over the step's makespan. Every
+  // stage starts its schedule right after the previous step's world collectives, so the
+  // longest schedule of the pipeline is the makespan.
+  Group& pp = job_.mesh().group(KEEL_GROUP_PP);
+  const ScheduleTiming& t = runner_->timing();
+  at::Tensor mine = at::tensor({t.busy_seconds, t.total_seconds}, at::kDouble);
+  at::Tensor all = at::empty({pp.size(), 2}, at::kDouble);
+  pp.all_gather(all, mine.view({1, 2}));
+  const double makespan = all.select(1, 1).max().item<double>();
+  const double busy = all.select(1, 0).sum().item<double>();
+  const double bubble = makespan > 0 ? 1.0 - busy / (makespan * pp.size()) : 0.0;
+  job_.step_metrics().report("pipeline_bubble", at::full({}, bubble, at::kDouble), KEEL_METRIC_MEAN);
 }
 
 int Trainer::agreed_stop() {
@@ -134,29 +144,39 @@ int Trainer::agreed_stop() {
   return static_cast<int>(flag.item<double>());
 }
 
-void Trainer::check_replicas(int64_t step) const {
-  // Every copy of a logical parameter this process holds must equal its owner bitwise.
-  for (const ParamRef& replica : params_) {
-    if (!replica.replica()) continue;
-    for (const ParamRef& owner : params_)
-      if (!owner.replica() && owner.fqn == replica.fqn && !at::equal(*owner.tensor, *replica.tensor))
-        throw std::runtime_error(cat("replica check at step ", step, ": the copies of '", replica.fqn,
-                                     "' differ on rank ", job_.mesh().layout().rank));
-  }
+bool Trainer::writes(const ParamRef& p) const {
+  // One copy of each logical tensor is written: the owner's (not a REPLICA), from the first
+  // data-parallel replica of dense tensors and the first edp replica of an expert shard.
+  const MeshLayout& m = job_.mesh().layout();
+  return !p.replica() && (p.expert() ? m.edp_index == 0 : m.dp_index == 0);
 }
 
-void Trainer::save_weights(const std::string& path, int64_t step) const {
-  std::vector<std::pair<std::string, at::Tensor>> tensors;
+void Trainer::save_weights(const std::string& path, int64_t step, bool with_optimizer) const {
+  std::vector<TensorPiece> pieces;
+  auto add = [&](const std::string& key, const ParamRef& p, const at::Tensor& t) {
+    pieces.push_back({key, t, p.shard_dim, p.shard_offset, p.global_dim_size});
+  };
   for (ModelPart* part : job_.parts()) {
     for (const ParamRef& p : part->parameters())
-      if (!p.replica()) tensors.push_back({p.fqn, *p.tensor});
+      if (writes(p)) add(p.fqn, p, *p.tensor);
     for (const ParamRef& b : part->buffers())
-      if (b.persistent() && !b.replica()) tensors.push_back({b.fqn, *b.tensor});
+      if (b.persistent() && writes(b)) add(b.fqn, b, *b.tensor);
   }
+  if (with_optimizer)
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const ParamRef& p = params_[i];
+      if (!writes(p)) continue;
+      add("optim.exp_avg." + p.fqn, p, optimizer_->exp_avg()[i]);
+      add("optim.exp_avg_sq." + p.fqn, p, optimizer_->exp_avg_sq()[i]);
+      // A step count per shard: the same on every shard, so only the first one is kept.
+      if (p.shard_dim < 0 || p.shard_offset == 0)
+        pieces.push_back({"optim.step." + p.fqn, optimizer_->steps()[i], -1, 0, 0});
+    }
+  std::vector<std::pair<std::string, at::Tensor>> whole = consolidate(pieces, job_.mesh().group(KEEL_GROUP_WORLD));
+  if (job_.mesh().layout().rank != 0) return;
   fs::create_directories(fs::path(path).parent_path());
   write_safetensors(
-      path, tensors,
-      {{"format", "keel-weights"}, {"step", std::to_string(step)}, {"model", job_.config().model.plugin}});
+      path, whole, {{"format", "keel-weights"}, {"step", std::to_string(step)}, {"model", job_.config().model.plugin}});
 }
 
 RunSummary Trainer::run() {
@@ -165,7 +185,7 @@ RunSummary Trainer::run() {
   summary.loss_floor = source_->loss_floor();
   log_info(source_->describe());
   fs::path run_dir = c.job.run_dir;
-  // One rank writes what every rank knows (rank 0 holds the loss of its replica's last stage).
+  // One rank writes what every rank knows: the loss and metrics are gathered from every rank.
   const bool writer = job_.mesh().layout().rank == 0;
   MetricsLog log(c.metrics.jsonl && writer ? (run_dir / "metrics.jsonl").string() : std::string());
   install_stop_handlers();
@@ -193,7 +213,7 @@ RunSummary Trainer::run() {
       r.eta_seconds = seconds / static_cast<double>(interval_steps) * static_cast<double>(c.training.steps - s);
       r.peak_memory_bytes = peak_memory_bytes(job_.device());
       r.skipped = last_found_inf_.item<float>() != 0.0f;
-      r.plugin_metrics = job_.step_metrics().resolve();
+      r.plugin_metrics = job_.step_metrics().resolve_across(job_.mesh().group(KEEL_GROUP_WORLD));
       if (writer) log.write(r);
       if (s == 1) {
         summary.first_loss = loss;
@@ -211,10 +231,18 @@ RunSummary Trainer::run() {
       break;
     }
   }
-  if (c.checkpoint.save_final && writer) {
+  summary.replica_checks = replica_checks_;
+  if (replica_checks_ > 0 && writer)
+    log_info(cat("replica guard: ", replica_checks_, " check(s), every copy of every parameter bitwise equal"));
+  if (c.checkpoint.save_final) {
     summary.weights_path = (run_dir / "final" / "model.safetensors").string();
     save_weights(summary.weights_path, summary.steps_done);
-    log_info(cat("final weights: ", summary.weights_path));
+    if (writer) log_info(cat("final weights: ", summary.weights_path));
+  }
+  if (c.debug.dump_state) {
+    std::string path = (run_dir / "final" / "state.safetensors").string();
+    save_weights(path, summary.steps_done, /*with_optimizer=*/true);
+    if (writer) log_info(cat("final state (parameters, buffers, optimizer): ", path));
   }
   return summary;
 }

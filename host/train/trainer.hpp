@@ -1,7 +1,7 @@
 // The training loop of one rank, in DESIGN's step order:
-//   schedule (forward/backward over microbatches) -> DP gradient reduction -> model.pre_clip
-//   -> clipper.clip -> non-finite check -> AdamW -> model.post_step -> LR update -> metrics
-//   -> (final) weights.
+//   schedule (forward/backward over microbatches and pipeline stages) -> DP gradient reduction
+//   -> model.pre_clip -> clipper.clip -> non-finite check -> AdamW -> model.post_step
+//   -> LR update -> replica guard -> metrics -> (final) weights.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -14,9 +14,11 @@
 
 #include "data/batch_stream.hpp"
 #include "data/token_source.hpp"
+#include "grad_sync/grad_buckets.hpp"
 #include "metrics/metrics_log.hpp"
 #include "optim/adamw.hpp"
 #include "optim/lr_schedule.hpp"
+#include "pipeline/pipeline_runner.hpp"
 #include "train/job.hpp"
 
 namespace keel {
@@ -29,12 +31,14 @@ struct RunSummary {
   std::optional<double> loss_floor;
   int stop_signal = 0;  ///< the signal that stopped the run early, or 0
   std::string weights_path;
+  int64_t replica_checks = 0;  ///< replica-guard passes (each compared every copy of every parameter)
 };
 
 /// Trains a built Job.
 class Trainer {
  public:
-  /// Initialises weights, binds the clipper, allocates gradients and optimizer state.
+  /// Initialises weights, synchronises replicas (model.post_init), lays out gradients, binds
+  /// the clipper, allocates optimizer state.
   explicit Trainer(Job& job);
   /// Runs every step (or until SIGINT/SIGTERM), then saves final weights.
   RunSummary run();
@@ -44,23 +48,30 @@ class Trainer {
   double last_grad_norm() const { return last_norm_.item<double>(); }
   /// The optimizer (for tests and checkpoints).
   const AdamW& optimizer() const { return *optimizer_; }
-  /// Writes the logical parameters and persistent buffers to `path` as safetensors.
-  void save_weights(const std::string& path, int64_t step) const;
+  /// The pipeline schedule's timing of the last step on this rank.
+  const ScheduleTiming& schedule_timing() const { return runner_->timing(); }
+  /// Writes the logical parameters and persistent buffers, consolidated on rank 0, to `path`
+  /// as safetensors; with `with_optimizer` also AdamW's moments and step counts
+  /// ("optim.exp_avg.<fqn>", ...). [collective: world]
+  void save_weights(const std::string& path, int64_t step, bool with_optimizer = false) const;
 
  private:
-  void reduce_gradients();
   int agreed_stop();
-  void check_replicas(int64_t step) const;
+  void report_pipeline_bubble();
+  bool writes(const ParamRef& p) const;
 
   Job& job_;
   std::vector<ParamRef> params_;
   std::vector<const keel_param_info*> param_infos_;
+  std::unique_ptr<GradientBuckets> grads_;
+  std::unique_ptr<PipelineRunner> runner_;
   std::unique_ptr<TokenSource> source_;
   std::unique_ptr<BatchStream> stream_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<LrSchedule> schedule_;
   at::Tensor lr_;
   at::Tensor last_norm_, last_found_inf_, last_loss_;
+  int64_t replica_checks_ = 0;
 };
 
 }  // namespace keel

@@ -1,6 +1,7 @@
 #include "modules.hpp"
 
 #include <c10/core/GradMode.h>
+#include <keel/autograd.hpp>
 
 #include <limits>
 
@@ -90,17 +91,18 @@ at::Tensor Mlp::forward(const at::Tensor& x) const {
 
 // ------------------------------------------------------------------ MoE
 
-Moe::Moe(Declare& d, const std::string& p, const Args& a, int64_t first_expert, int64_t local_experts)
-    : args_(a), prefix_(p), first_expert_(first_expert), local_experts_(local_experts) {
+Moe::Moe(Declare& d, const std::string& p, const Args& a, const ExpertPlacement& placement)
+    : args_(a), prefix_(p), placement_(placement) {
   const int64_t e = a.n_routed_experts;
   gate_ = &d.param(p + "router.gate.weight", {e, a.dim});
   expert_bias_ = &d.buffer(p + "expert_bias", {e}, /*persistent=*/true);
   tokens_per_expert_ = &d.buffer(p + "tokens_per_expert", {e}, /*persistent=*/false);
   const double active = static_cast<double>(a.top_k) / static_cast<double>(e);
   const uint32_t expert = KEEL_PARAM_EXPERT;
-  w1_ = &d.param(p + "experts.w1", {local_experts, a.moe_hidden, a.dim}, expert, active, first_expert, e);
-  w2_ = &d.param(p + "experts.w2", {local_experts, a.dim, a.moe_hidden}, expert, active, first_expert, e);
-  w3_ = &d.param(p + "experts.w3", {local_experts, a.moe_hidden, a.dim}, expert, active, first_expert, e);
+  const int64_t local = placement.local, first = placement.first;
+  w1_ = &d.param(p + "experts.w1", {local, a.moe_hidden, a.dim}, expert, active, first, e);
+  w2_ = &d.param(p + "experts.w2", {local, a.dim, a.moe_hidden}, expert, active, first, e);
+  w3_ = &d.param(p + "experts.w3", {local, a.moe_hidden, a.dim}, expert, active, first, e);
   if (a.n_shared_experts > 0) shared_.emplace(d, p + "shared_experts.", a.dim, a.moe_hidden * a.n_shared_experts);
 }
 
@@ -136,52 +138,73 @@ at::Tensor Moe::forward(const at::Tensor& x) {
   return out.view(shape);
 }
 
-// Sorts the (token, expert) pairs by expert, packs each expert's tokens into a padded slot
-// of [local_experts, capacity, dim] and runs all experts as three batched matmuls. One host
-// read per layer (the capacity) replaces any per-expert loop; LibTorch 2.15's CPU
-// _grouped_mm is not used because it needs 16-byte-aligned strides and fails in backward on
-// empty groups.
+// The (token, expert) pairs sorted by expert — so by the rank holding the expert — go
+// through their experts and come back weighted into their tokens. With ep > 1 the sorted rows
+// travel by differentiable all-to-all: split sizes first (the counts each rank sends to each
+// of another's experts), then the rows, then the results back with the splits swapped.
 at::Tensor Moe::routed(const at::Tensor& x, const at::Tensor& indices, const at::Tensor& weights) const {
-  const int64_t n = x.size(0), k = indices.size(1);
-  at::Tensor flat_expert = indices.flatten() - first_expert_;
-  at::Tensor flat_token = at::arange(n, indices.options()).repeat_interleave(k);
-  at::Tensor flat_weight = weights.flatten();
-  // Only pairs whose expert lives on this rank (all of them at ep = 1).
-  at::Tensor local = (flat_expert >= 0).logical_and(flat_expert < local_experts_);
-  if (local_experts_ != args_.n_routed_experts) {
-    flat_expert = flat_expert.masked_select(local);
-    flat_token = flat_token.masked_select(local);
-    flat_weight = flat_weight.masked_select(local);
-  }
+  const int64_t n = x.size(0), k = indices.size(1), e = args_.n_routed_experts;
+  at::Tensor flat_expert = indices.flatten();
   at::Tensor order = at::argsort(flat_expert, /*stable=*/true);
   at::Tensor sorted_expert = flat_expert.index_select(0, order);
-  at::Tensor sorted_token = flat_token.index_select(0, order);
-  at::Tensor counts = at::bincount(sorted_expert, {}, local_experts_);
-  const int64_t capacity = counts.numel() > 0 ? counts.max().item<int64_t>() : 0;
-  at::Tensor out = at::zeros_like(x);
-  if (capacity == 0) return out;
+  at::Tensor sorted_token = at::arange(n, indices.options()).repeat_interleave(k).index_select(0, order);
+  at::Tensor sorted_weight = weights.flatten().index_select(0, order);
+  at::Tensor rows = x.index_select(0, sorted_token);
+  at::Tensor results;
+  if (placement_.ep == 1) {
+    results = run_experts(rows, sorted_expert);
+  } else {
+    const ExpertPlacement& p = placement_;
+    keel::Host host(p.host);
+    at::Tensor send_counts = at::bincount(sorted_expert, {}, e).view({p.ep, p.local}).contiguous();
+    at::Tensor recv_counts = at::empty_like(send_counts);  // [source rank, local expert]
+    const std::vector<int64_t> ones(static_cast<size_t>(p.ep), 1);
+    host.all_to_all(p.group, recv_counts, send_counts, ones, ones);
+    at::Tensor send_splits = send_counts.sum(1), recv_splits = recv_counts.sum(1);
+    std::vector<int64_t> input_splits(send_splits.data_ptr<int64_t>(), send_splits.data_ptr<int64_t>() + p.ep);
+    std::vector<int64_t> output_splits(recv_splits.data_ptr<int64_t>(), recv_splits.data_ptr<int64_t>() + p.ep);
+    at::Tensor arrived = keel::autograd::all_to_all(host, p.group, rows, output_splits, input_splits);
+    // Rows arrive by source rank, each source's rows sorted by expert.
+    at::Tensor local_ids = at::arange(p.local, indices.options()).repeat({p.ep});
+    at::Tensor arrived_expert = local_ids.repeat_interleave(recv_counts.flatten());
+    at::Tensor computed = run_experts(arrived, arrived_expert);
+    results = keel::autograd::all_to_all(host, p.group, computed, input_splits, output_splits);
+  }
+  at::Tensor weighted = results * sorted_weight.unsqueeze(1);
+  return at::zeros_like(x).index_add(0, sorted_token, weighted);
+}
+
+// Every row through the SwiGLU of its local expert: rows packed into padded slots of
+// [local_experts, capacity, dim] and all experts run as three batched matmuls. One host read
+// per call (the capacity) replaces any per-expert loop; LibTorch 2.15's CPU _grouped_mm is not
+// used because it needs 16-byte-aligned strides and fails in backward on empty groups. An
+// empty input still runs the (empty) matmuls, so every rank builds the same autograd graph and
+// reaches the same collectives in backward.
+at::Tensor Moe::run_experts(const at::Tensor& rows, const at::Tensor& expert) const {
+  const int64_t local = placement_.local, r = rows.size(0), dim = rows.size(1);
+  at::Tensor counts = at::bincount(expert, {}, local);
+  const int64_t capacity = r > 0 ? counts.max().item<int64_t>() : 0;
+  at::Tensor order = at::argsort(expert, /*stable=*/true);
+  at::Tensor sorted = expert.index_select(0, order);
   at::Tensor starts = counts.cumsum(0) - counts;
-  at::Tensor rank_in_expert =
-      at::arange(sorted_expert.size(0), sorted_expert.options()) - starts.index_select(0, sorted_expert);
-  at::Tensor slot = sorted_expert * capacity + rank_in_expert;
-  at::Tensor packed = at::zeros({local_experts_ * capacity, x.size(1)}, x.options())
-                          .index_add(0, slot, x.index_select(0, sorted_token))
-                          .view({local_experts_, capacity, x.size(1)});
+  at::Tensor slot_sorted = sorted * capacity + (at::arange(r, expert.options()) - starts.index_select(0, sorted));
+  at::Tensor slot = at::empty_like(slot_sorted).scatter_(0, order, slot_sorted);
+  at::Tensor packed =
+      at::zeros({local * capacity, dim}, rows.options()).index_add(0, slot, rows).view({local, capacity, dim});
   at::Tensor hidden = at::silu(at::bmm(packed, w1_->transpose(1, 2))) * at::bmm(packed, w3_->transpose(1, 2));
-  at::Tensor result = at::bmm(hidden, w2_->transpose(1, 2)).view({local_experts_ * capacity, x.size(1)});
-  at::Tensor per_pair = result.index_select(0, slot) * flat_weight.index_select(0, order).unsqueeze(1);
-  return out.index_add(0, sorted_token, per_pair);
+  at::Tensor result = at::bmm(hidden, w2_->transpose(1, 2)).view({local * capacity, dim});
+  return result.index_select(0, slot);
 }
 
 // ------------------------------------------------------------------ block
 
-Block::Block(Declare& d, const std::string& p, const Args& a, bool moe, int64_t first_expert, int64_t local_experts)
+Block::Block(Declare& d, const std::string& p, const Args& a, bool moe, const ExpertPlacement& placement)
     : args_(a),
       attention_norm_(&d.param(p + "attention_norm.weight", {a.dim})),
       ffn_norm_(&d.param(p + "ffn_norm.weight", {a.dim})),
       attention_(d, p + "attention.", a) {
   if (moe)
-    moe_.emplace(d, p + "moe.", a, first_expert, local_experts);
+    moe_.emplace(d, p + "moe.", a, placement);
   else
     mlp_.emplace(d, p + "feed_forward.", a.dim, a.dense_hidden);
 }
@@ -194,14 +217,13 @@ at::Tensor Block::forward(const at::Tensor& x, const RopeTables& rope) {
 
 // ------------------------------------------------------------------ MTP
 
-MtpModule::MtpModule(Declare& d, const std::string& p, const Args& a, int64_t layer, int64_t first_expert,
-                     int64_t local_experts)
+MtpModule::MtpModule(Declare& d, const std::string& p, const Args& a, int64_t layer, const ExpertPlacement& placement)
     : args_(a),
       enorm_(&d.param(p + "enorm.weight", {a.dim})),
       hnorm_(&d.param(p + "hnorm.weight", {a.dim})),
       eh_proj_(&d.param(p + "eh_proj.weight", {a.dim, 2 * a.dim})),
       norm_(&d.param(p + "norm.weight", {a.dim})),
-      block_(d, p + "block.", a, a.is_moe(layer), first_expert, local_experts) {}
+      block_(d, p + "block.", a, a.is_moe(layer), placement) {}
 
 at::Tensor MtpModule::forward(const at::Tensor& previous, const at::Tensor& embedded, const RopeTables& rope) {
   at::Tensor joined =

@@ -29,6 +29,17 @@ struct Declare {
   at::Tensor& buffer(const std::string& fqn, std::vector<int64_t> shape, bool persistent);
 };
 
+/// Where this rank's routed experts sit and how tokens reach the others: experts
+/// [first, first + local) of every MoE layer live here; the ep group's member i holds
+/// experts [i * local, (i + 1) * local).
+struct ExpertPlacement {
+  int64_t first = 0;
+  int64_t local = 0;
+  int32_t ep = 1;               ///< expert-parallel ranks (1: every expert is here)
+  keel_host* host = nullptr;    ///< for the dispatch collectives (ep > 1)
+  keel_group* group = nullptr;  ///< the ep group (ep > 1)
+};
+
 /// RMSNorm in fp32, as the reference computes it.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
@@ -55,10 +66,11 @@ class Mlp {
 };
 
 /// DeepSeekMoE: shared experts plus top-k routed experts chosen with a bias that only steers
-/// the choice (aux-loss-free balancing); this rank holds experts [first, first + local).
+/// the choice (aux-loss-free balancing). Under expert parallelism each routed (token, expert)
+/// pair travels to the rank holding its expert and back by differentiable all-to-all.
 class Moe {
  public:
-  Moe(Declare& d, const std::string& prefix, const Args& args, int64_t first_expert, int64_t local_experts);
+  Moe(Declare& d, const std::string& prefix, const Args& args, const ExpertPlacement& placement);
   at::Tensor forward(const at::Tensor& x);
   /// Tokens routed to each expert since the last bias update, fp32 [n_routed_experts].
   at::Tensor& tokens_per_expert() { return *tokens_per_expert_; }
@@ -69,10 +81,11 @@ class Moe {
 
  private:
   at::Tensor routed(const at::Tensor& x, const at::Tensor& indices, const at::Tensor& weights) const;
+  at::Tensor run_experts(const at::Tensor& rows, const at::Tensor& expert) const;
 
   const Args& args_;
   std::string prefix_;
-  int64_t first_expert_, local_experts_;
+  ExpertPlacement placement_;
   at::Tensor *gate_, *expert_bias_, *tokens_per_expert_;
   at::Tensor *w1_, *w2_, *w3_;
   std::optional<Mlp> shared_;
@@ -81,7 +94,7 @@ class Moe {
 /// Pre-norm transformer block: x + attn(norm(x)), then + ffn(norm(x)).
 class Block {
  public:
-  Block(Declare& d, const std::string& prefix, const Args& args, bool moe, int64_t first_expert, int64_t local_experts);
+  Block(Declare& d, const std::string& prefix, const Args& args, bool moe, const ExpertPlacement& placement);
   at::Tensor forward(const at::Tensor& x, const RopeTables& rope);
   /// The MoE of this block, or nullptr for a dense block.
   Moe* moe() { return moe_ ? &*moe_ : nullptr; }
@@ -98,8 +111,7 @@ class Block {
 /// one block, and a final norm before the shared output head.
 class MtpModule {
  public:
-  MtpModule(Declare& d, const std::string& prefix, const Args& args, int64_t layer, int64_t first_expert,
-            int64_t local_experts);
+  MtpModule(Declare& d, const std::string& prefix, const Args& args, int64_t layer, const ExpertPlacement& placement);
   /// The depth's hidden state from the previous one and the embeddings of the shifted tokens.
   at::Tensor forward(const at::Tensor& previous, const at::Tensor& embedded, const RopeTables& rope);
   /// The final norm's weight.

@@ -20,7 +20,7 @@ at::Tensor loss_sum(const at::Tensor& logits, const at::Tensor& labels) {
 
 }  // namespace
 
-Part::Part(keel_host* host, const Args& a, const keel_part_spec& spec, int64_t first_expert, int64_t local_experts)
+Part::Part(keel_host* host, const Args& a, const keel_part_spec& spec, const ExpertPlacement& placement)
     : keel::Part(host), args_(a), spec_(spec), options_(keel::part_options(spec)) {
   const bool first = spec.stage_index == 0, last = spec.stage_index == spec.num_stages - 1;
   Declare main{parameters(), buffers(), options_, "main"};
@@ -32,15 +32,13 @@ Part::Part(keel_host* host, const Args& a, const keel_part_spec& spec, int64_t f
                              embedding_replica_ ? KEEL_PARAM_REPLICA : 0, 1.0 / static_cast<double>(a.vocab_size));
   }
   for (int64_t i = spec.first_layer; i < spec.first_layer + spec.num_layers; ++i)
-    blocks_.push_back(std::make_unique<Block>(main, "layers." + std::to_string(i) + ".", a, a.is_moe(i), first_expert,
-                                              local_experts));
+    blocks_.push_back(std::make_unique<Block>(main, "layers." + std::to_string(i) + ".", a, a.is_moe(i), placement));
   if (last) {
     norm_ = &main.param("norm.weight", {a.dim});
     output_ = &main.param("output.weight", {a.vocab_size, a.dim});
     Declare mtp{parameters(), buffers(), options_, "mtp"};
     for (int64_t k = 0; k < a.num_mtp_layers; ++k)
-      mtp_.push_back(std::make_unique<MtpModule>(mtp, "mtp." + std::to_string(k) + ".", a, a.n_layers + k, first_expert,
-                                                 local_experts));
+      mtp_.push_back(std::make_unique<MtpModule>(mtp, "mtp." + std::to_string(k) + ".", a, a.n_layers + k, placement));
   }
 }
 

@@ -16,8 +16,8 @@ namespace deepseek_v3 {
 
 class Part final : public keel::Part {
  public:
-  /// Builds the part of `spec`; routed experts [first_expert, first_expert + local_experts).
-  Part(keel_host* host, const Args& args, const keel_part_spec& spec, int64_t first_expert, int64_t local_experts);
+  /// Builds the part of `spec` holding the routed experts of `placement`.
+  Part(keel_host* host, const Args& args, const keel_part_spec& spec, const ExpertPlacement& placement);
 
   void init_weights(uint64_t seed) override;
   void forward(const keel_forward_inputs& inputs, keel_forward_outputs& outputs) override;

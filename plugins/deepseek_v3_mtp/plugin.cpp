@@ -35,8 +35,13 @@ class DeepSeekV3 {
   }
 
   keel::Part& build_part(const keel_part_spec& spec) {
-    const int64_t local = args_.n_routed_experts / mesh_.ep;
-    parts_.push_back(std::make_unique<deepseek_v3::Part>(host_.raw(), args_, spec, mesh_.ep_index * local, local));
+    deepseek_v3::ExpertPlacement placement;
+    placement.local = args_.n_routed_experts / mesh_.ep;
+    placement.first = mesh_.ep_index * placement.local;
+    placement.ep = mesh_.ep;
+    placement.host = host_.raw();
+    placement.group = host_.group(KEEL_GROUP_EP);
+    parts_.push_back(std::make_unique<deepseek_v3::Part>(host_.raw(), args_, spec, placement));
     return *parts_.back();
   }
 

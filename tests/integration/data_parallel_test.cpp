@@ -74,17 +74,5 @@ TEST(DataParallel, Llama3Dp2MatchesTheSingleRankRun) { expect_same_run("llama3")
 
 TEST(DataParallel, DeepSeekV3Dp2MatchesTheSingleRankRun) { expect_same_run("deepseek_v3_mtp"); }
 
-TEST(DataParallel, PipelineAndExpertParallelismAreRefusedNamingTheKey) {
-  test::TempDir dir;
-  test::write_file(dir / "job.toml",
-                   "[model]\nplugin = \"deepseek_v3_mtp\"\nflavor = \"tiny\"\n[parallelism]\ndp = 2\nep = 2\n");
-  auto r = test::run_command("RANK=0 WORLD_SIZE=2 " + test::bin_dir() + "/keel-train --plugin-path " +
-                             test::plugin_dir() + " --config " + (dir / "job.toml"));
-  EXPECT_EQ(r.status, 2);
-  EXPECT_NE(r.output.find("job.toml:6: parallelism.ep: pipeline and expert parallelism are not available"),
-            std::string::npos)
-      << r.output;
-}
-
 }  // namespace
 }  // namespace keel

@@ -30,6 +30,25 @@ jsonl = false
 save_final = false
 )";
 
+// Two pipeline stages of the flagship model: a dead stage leaves its peer blocked in a receive.
+const char* kPipelineJob = R"([model]
+plugin = "deepseek_v3_mtp"
+flavor = "tiny"
+[training]
+steps = 4
+seq_len = 16
+global_batch = 4
+threads = 1
+[parallelism]
+pp = 2
+microbatches = 2
+[metrics]
+log_interval = 1
+jsonl = false
+[checkpoint]
+save_final = false
+)";
+
 std::string launch(const test::TempDir& dir, const std::string& extra) {
   return test::source_dir() + "/tools/keel-launch --nproc 2 -- " + test::bin_dir() + "/keel-train --plugin-path " +
          test::plugin_dir() + " --config " + (dir / "job.toml") + " --set job.run_dir=\\\"" + (dir / "run") + "\\\"" +
@@ -45,9 +64,9 @@ TEST(KeelLaunch, RunsRanksWithPrefixedOutput) {
   EXPECT_NE(r.output.find("[rank 1] [keel 1]"), std::string::npos) << r.output;
 }
 
-TEST(KeelLaunch, AKilledRankStopsTheJobNamingTheRank) {
+void expect_killed_rank_stops_the_job(const char* job_text) {
   test::TempDir dir;
-  test::write_file(dir / "job.toml", kJob);
+  test::write_file(dir / "job.toml", job_text);
   auto start = std::chrono::steady_clock::now();
   // In the background, its own output in files: run_command returns at once.
   std::string job = launch(dir, " --set training.steps=100000");
@@ -81,6 +100,10 @@ TEST(KeelLaunch, AKilledRankStopsTheJobNamingTheRank) {
   EXPECT_NE(log.find("keel-launch: failed: rank 1"), std::string::npos) << log;
   EXPECT_NE(::kill(pid0, 0), 0) << "rank 0 was left running";
 }
+
+TEST(KeelLaunch, AKilledRankStopsTheJobNamingTheRank) { expect_killed_rank_stops_the_job(kJob); }
+
+TEST(KeelLaunch, AKilledPipelineStageStopsTheJobNamingTheRank) { expect_killed_rank_stops_the_job(kPipelineJob); }
 
 }  // namespace
 }  // namespace keel

@@ -4,6 +4,7 @@
 //   RANK=r WORLD_SIZE=w MASTER_PORT=p mesh_worker PP DP EP
 #include <ATen/ATen.h>
 
+#include <keel/autograd.hpp>
 #include <keel/keel.hpp>
 
 #include <cstdio>
@@ -77,6 +78,16 @@ int main(int argc, char** argv) {
     host.all_to_all(g, recv, send, out_splits, in_splits);
     for (int i = 0, row = 0; i < n; row += i + 1, ++i)
       expect(recv[row][0].item<double>() == members[static_cast<size_t>(i)], "all_to_all");
+    // The differentiable all-to-all: forward as above, backward the reverse exchange. Each
+    // receiver scales what it got by (its world rank + 1), so the rows this member sent to
+    // member j come back with gradient members[j] + 1.
+    at::Tensor rows = send.clone().requires_grad_(true);
+    at::Tensor arrived = keel::autograd::all_to_all(host, g, rows, out_splits, in_splits);
+    expect(at::equal(arrived.detach(), recv), "differentiable all_to_all forward");
+    (arrived * static_cast<double>(rank_ + 1)).sum().backward();
+    for (int j = 0; j < n; ++j)
+      expect(rows.grad()[j * (me + 1)][0].item<double>() == members[static_cast<size_t>(j)] + 1.0,
+             "differentiable all_to_all backward");
   }
   // Point to point between pipeline stages.
   if (pp > 1) {

@@ -50,7 +50,9 @@ int main(int argc, char** argv) {
     spec.struct_size = sizeof(spec);
     spec.num_stages = 1;
     spec.num_layers = static_cast<int32_t>(args.n_layers);
-    deepseek_v3::Part part(context.raw(), args, spec, 0, args.n_routed_experts);
+    deepseek_v3::ExpertPlacement placement;
+    placement.local = args.n_routed_experts;
+    deepseek_v3::Part part(context.raw(), args, spec, placement);
     part.init_weights(42);
     at::Generator gen = at::detail::createCPUGenerator(7);
     {

@@ -139,7 +139,9 @@ typedef struct keel_host_api {
 
   /* Fills this rank's mesh coordinates. */
   keel_status (*mesh_info)(keel_host* host, keel_mesh_info* out);
-  /* Returns the group of that kind for this rank; owned by the host for the process life. */
+  /* Returns the group of that kind for this rank; owned by the host for the process life.
+   * Groups exist from build_part() on: the host joins the other ranks only after every
+   * component was created, so create() may read mesh_info() but gets NULL here. */
   keel_group* (*group)(keel_host* host, keel_group_kind kind);
   /* Creates a sub-group of the given world ranks (sorted, distinct). Every rank of the world
    * calls it with the same rank lists in the same order; ranks not in the list receive NULL.
@@ -152,7 +154,10 @@ typedef struct keel_host_api {
 
   /* Collectives on tensors. Every collective is [collective: group]. When `work` is NULL the
    * call returns once the result is ready on the tensor's stream; otherwise *work receives a
-   * handle to pass to wait(). On CUDA they run on the current stream and are capture-safe. */
+   * handle to pass to wait() exactly once (NULL when the operation already completed), and the
+   * tensors must stay alive and untouched until then. all_reduce (SUM, MAX, MIN), send and recv
+   * run asynchronously; the others complete before returning. On CUDA they run on the current
+   * stream and are capture-safe. */
 
   /* In-place reduction of `tensor` over the group. */
   keel_status (*all_reduce)(keel_host* host, keel_group* group, keel_tensor* tensor, keel_reduce_op op,
@@ -175,7 +180,8 @@ typedef struct keel_host_api {
   /* Receives into `tensor` from the member with group rank `peer`. [collective: peer pair] */
   keel_status (*recv)(keel_host* host, keel_group* group, keel_tensor* tensor, int32_t peer, int32_t tag,
                       keel_work** work);
-  /* Waits for and releases an in-flight collective. NULL is a no-op. */
+  /* Waits for and releases an in-flight collective; the handle is invalid afterwards, also
+   * when the wait fails. NULL is a no-op. */
   keel_status (*wait)(keel_host* host, keel_work* work);
 
   /* Reports a named scalar for this step: `value` is a 0-dim tensor (a device tensor is fine;

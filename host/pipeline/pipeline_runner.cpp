@@ -1,0 +1,103 @@
+#include "pipeline/pipeline_runner.hpp"
+
+#include <chrono>
+#include <memory>
+#include <stdexcept>
+
+#include "common/text.hpp"
+
+namespace keel {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+// Activations and their gradients travel on distinct tags per microbatch.
+int activation_tag(int microbatch) { return 2 * microbatch; }
+int gradient_tag(int microbatch) { return 2 * microbatch + 1; }
+
+}  // namespace
+
+PipelineRunner::PipelineRunner(ModelPart& part, Group& pp, const std::string& schedule, int microbatches,
+                               int64_t hidden_size, at::ScalarType activation_dtype, at::Device device)
+    : part_(part),
+      pp_(pp),
+      hidden_size_(hidden_size),
+      activation_options_(at::TensorOptions().dtype(activation_dtype).device(device)),
+      device_(device),
+      stage_(part.spec().stage_index),
+      stages_(part.spec().num_stages) {
+  if (pp.size() != stages_)
+    throw std::invalid_argument(cat("pipeline: the pp group has ", pp.size(), " ranks for ", stages_, " stages"));
+  actions_ = stage_actions(schedule, stage_, stages_, microbatches);
+}
+
+at::Tensor PipelineRunner::receive(const std::vector<int64_t>& shape, int peer, int tag) {
+  at::Tensor buffer = at::empty(shape, activation_options_);
+  std::unique_ptr<Work> work = pp_.irecv(buffer, peer, tag);
+  if (work) work->wait();
+  return buffer;
+}
+
+at::Tensor PipelineRunner::run(const std::vector<at::Tensor>& tokens, const std::vector<at::Tensor>& labels,
+                               double loss_divisor) {
+  const auto microbatches = static_cast<int>(tokens.size());
+  const bool first = stage_ == 0, last = stage_ == stages_ - 1;
+  struct InFlight {
+    at::Tensor input;   ///< the received activation (requires grad), non-first stages
+    at::Tensor output;  ///< the activation sent on, or the loss sum on the last stage
+  };
+  std::vector<InFlight> flight(static_cast<size_t>(microbatches));
+  std::vector<std::unique_ptr<Work>> sends;
+  at::Tensor loss_total = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
+  timing_ = {};
+  const Clock::time_point start = Clock::now();
+
+  for (const PipelineAction& action : actions_) {
+    const int mb = action.microbatch;
+    if (mb >= microbatches) throw std::logic_error("pipeline: schedule and batch disagree on microbatches");
+    InFlight& f = flight[static_cast<size_t>(mb)];
+    const std::vector<int64_t> shape = {tokens[static_cast<size_t>(mb)].size(0),
+                                        tokens[static_cast<size_t>(mb)].size(1), hidden_size_};
+    if (action.kind == PipelineAction::forward) {
+      if (!first) f.input = receive(shape, stage_ - 1, activation_tag(mb)).requires_grad_(true);
+      at::Tensor t = tokens[static_cast<size_t>(mb)].to(device_), l = labels[static_cast<size_t>(mb)].to(device_);
+      const Clock::time_point busy = Clock::now();
+      f.output = part_.forward(t, l, first ? nullptr : &f.input, mb, microbatches);
+      timing_.busy_seconds += seconds_since(busy);
+      if (last) {
+        loss_total.add_(f.output.detach());
+        continue;
+      }
+      if (f.output.sizes() != at::IntArrayRef(shape) || f.output.scalar_type() != activation_options_.dtype())
+        throw std::runtime_error(cat("pipeline: stage ", stage_, " produced an activation of shape ", f.output.sizes(),
+                                     " and dtype ", f.output.scalar_type(), "; the next stage expects ",
+                                     at::IntArrayRef(shape), " of ", activation_options_.dtype(),
+                                     " (batch, seq, the model's hidden_size)"));
+      sends.push_back(pp_.isend(f.output.detach(), stage_ + 1, activation_tag(mb)));
+    } else {
+      at::Tensor grad;
+      if (!last) grad = receive(shape, stage_ + 1, gradient_tag(mb));
+      const Clock::time_point busy = Clock::now();
+      if (last)
+        (f.output / loss_divisor).backward();
+      else
+        f.output.backward(grad);
+      timing_.busy_seconds += seconds_since(busy);
+      if (!first) {
+        at::Tensor input_grad = f.input.grad();
+        if (!input_grad.defined()) input_grad = at::zeros(shape, activation_options_);
+        sends.push_back(pp_.isend(input_grad, stage_ - 1, gradient_tag(mb)));
+      }
+      f = InFlight{};  // the microbatch's graph and activations are freed here
+    }
+  }
+  for (auto& work : sends)
+    if (work) work->wait();
+  timing_.total_seconds = seconds_since(start);
+  return loss_total;
+}
+
+}  // namespace keel

@@ -1,0 +1,54 @@
+// Runs one step's forward and backward passes on this rank's pipeline stage in the order of a
+// schedule (pipeline/schedule.hpp). Activations go to the next stage and their gradients back
+// over the pp group: sends are asynchronous (waited for at the end of the step), receives
+// block, so any valid schedule is free of deadlock.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <vector>
+
+#include "mesh/group.hpp"
+#include "pipeline/schedule.hpp"
+#include "plugins/components.hpp"
+
+namespace keel {
+
+/// Where one step's schedule spent its time on this rank.
+struct ScheduleTiming {
+  double total_seconds = 0;  ///< from the first action to the last send completed
+  double busy_seconds = 0;   ///< inside forward and backward passes
+};
+
+class PipelineRunner {
+ public:
+  /// `part` is this rank's stage; activations between stages are [batch, seq, hidden_size] of
+  /// `activation_dtype` on `device`. Throws std::invalid_argument on an unknown schedule.
+  PipelineRunner(ModelPart& part, Group& pp, const std::string& schedule, int microbatches, int64_t hidden_size,
+                 at::ScalarType activation_dtype, at::Device device);
+
+  /// Runs forward and backward of every microbatch (`tokens` / `labels`: one [batch, seq] CPU
+  /// tensor each per microbatch). The last stage divides each microbatch's loss sum by
+  /// `loss_divisor` before its backward. Returns the sum of the last stage's (undivided) loss
+  /// sums as a 0-dim fp32 device tensor, zero on other stages. [collective: pp]
+  at::Tensor run(const std::vector<at::Tensor>& tokens, const std::vector<at::Tensor>& labels, double loss_divisor);
+  /// The timing of the last run().
+  const ScheduleTiming& timing() const { return timing_; }
+  /// This stage's actions, in order.
+  const std::vector<PipelineAction>& actions() const { return actions_; }
+
+ private:
+  at::Tensor receive(const std::vector<int64_t>& shape, int peer, int tag);
+
+  ModelPart& part_;
+  Group& pp_;
+  std::vector<PipelineAction> actions_;
+  int64_t hidden_size_;
+  at::TensorOptions activation_options_;
+  at::Device device_;
+  int stage_, stages_;
+  ScheduleTiming timing_;
+};
+
+}  // namespace keel
