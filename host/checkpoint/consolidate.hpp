@@ -10,18 +10,10 @@
 #include <utility>
 #include <vector>
 
+#include "checkpoint/tensor_piece.hpp"
 #include "mesh/group.hpp"
 
 namespace keel {
-
-/// One piece of a logical tensor that this rank contributes.
-struct TensorPiece {
-  std::string key;
-  at::Tensor tensor;
-  int32_t shard_dim = -1;  ///< -1: the whole tensor; else a slice along this dim
-  int64_t shard_offset = 0;
-  int64_t global_dim_size = 0;
-};
 
 /// Every rank's pieces assembled into whole CPU tensors on world rank 0, sorted by key (empty
 /// on other ranks). Each key must be covered exactly once: a key given whole by two ranks, or

@@ -1,5 +1,10 @@
 #include "checkpoint/safetensors.hpp"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -39,6 +44,17 @@ const char* dtype_code(at::ScalarType t) {
   }
 }
 
+at::ScalarType dtype_from(const std::string& code, const std::string& where);
+
+void sync_file(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0 || ::fsync(fd) != 0) {
+    if (fd >= 0) ::close(fd);
+    throw std::runtime_error(cat("cannot sync ", path, ": ", std::strerror(errno)));
+  }
+  ::close(fd);
+}
+
 at::ScalarType dtype_from(const std::string& code, const std::string& where) {
   static const std::map<std::string, at::ScalarType> table = {
       {"F32", at::kFloat}, {"F64", at::kDouble}, {"BF16", at::kBFloat16}, {"F16", at::kHalf}, {"I64", at::kLong},
@@ -50,8 +66,12 @@ at::ScalarType dtype_from(const std::string& code, const std::string& where) {
 
 }  // namespace
 
+std::string safetensors_dtype(at::ScalarType type) { return dtype_code(type); }
+
+at::ScalarType scalar_type_of(const std::string& code, const std::string& where) { return dtype_from(code, where); }
+
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+                       const std::map<std::string, std::string>& metadata, bool durable) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::vector<at::Tensor> cpu;
@@ -78,6 +98,7 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
     out.flush();
     if (!out) throw std::runtime_error(cat("cannot write ", partial, " (disk full?)"));
   }
+  if (durable) sync_file(partial);
   std::filesystem::rename(partial, path);
 }
 
@@ -122,6 +143,82 @@ SafetensorsFile read_safetensors(const std::string& path) {
     }
   }
   return file;
+}
+
+MappedSafetensors::MappedSafetensors(const std::string& path) : path_(path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw InputError(cat("cannot open ", path, ": ", std::strerror(errno)));
+  struct stat st {};
+  ::fstat(fd, &st);
+  size_ = static_cast<size_t>(st.st_size);
+  if (size_ > 0) map_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (map_ == MAP_FAILED) {
+    map_ = nullptr;
+    throw InputError(cat("cannot map ", path, ": ", std::strerror(errno)));
+  }
+  const auto* base = static_cast<const char*>(map_);
+  uint64_t header_size = 0;
+  if (size_ < 8) throw InputError(cat(path, ": truncated safetensors file (", size_, " bytes)"));
+  std::memcpy(&header_size, base, 8);
+  if (header_size > size_ - 8) throw InputError(cat(path, ": truncated safetensors header"));
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(base + 8, base + 8 + header_size);
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(cat(path, ": bad safetensors header: ", e.what()));
+  }
+  const uint64_t data_start = 8 + header_size;
+  for (const auto& [name, e] : header.items()) {
+    if (name == "__metadata__") continue;
+    std::string where = cat(path, ": ", name);
+    try {
+      Entry entry;
+      entry.dtype = dtype_from(e.at("dtype").get<std::string>(), where);
+      entry.shape = e.at("shape").get<std::vector<int64_t>>();
+      auto offsets = e.at("data_offsets").get<std::vector<uint64_t>>();
+      uint64_t numel = 1;
+      for (int64_t d : entry.shape) numel *= static_cast<uint64_t>(d);
+      if (offsets.size() != 2 || offsets[1] < offsets[0] ||
+          offsets[1] - offsets[0] != numel * c10::elementSize(entry.dtype))
+        throw InputError(cat(where, ": data offsets do not match its shape"));
+      entry.begin = data_start + offsets[0];
+      entry.end = data_start + offsets[1];
+      if (entry.end > size_)
+        throw InputError(cat(where, ": the file is truncated (", size_, " bytes, the tensor ends at ", entry.end, ")"));
+      entries_[name] = std::move(entry);
+    } catch (const nlohmann::json::exception& ex) {
+      throw InputError(cat(where, ": bad entry: ", ex.what()));
+    }
+  }
+}
+
+MappedSafetensors::~MappedSafetensors() {
+  if (map_ != nullptr) ::munmap(map_, size_);
+}
+
+std::vector<std::string> MappedSafetensors::keys() const {
+  std::vector<std::string> out;
+  for (const auto& [name, e] : entries_) out.push_back(name);
+  return out;
+}
+
+const MappedSafetensors::Entry& MappedSafetensors::entry(const std::string& key) const {
+  auto it = entries_.find(key);
+  if (it == entries_.end()) throw InputError(cat(path_, ": no tensor '", key, "'"));
+  return it->second;
+}
+
+at::Tensor MappedSafetensors::view(const std::string& key) const {
+  const Entry& e = entry(key);
+  // The mapping is read-only; views are only ever copied from.
+  void* data = static_cast<char*>(map_) + e.begin;
+  return at::from_blob(data, e.shape, at::TensorOptions().dtype(e.dtype));
+}
+
+std::pair<const void*, size_t> MappedSafetensors::bytes(const std::string& key) const {
+  const Entry& e = entry(key);
+  return {static_cast<const char*>(map_) + e.begin, static_cast<size_t>(e.end - e.begin)};
 }
 
 }  // namespace keel

@@ -14,9 +14,50 @@
 namespace keel {
 
 /// Writes `tensors` (name -> tensor, any device; stored contiguous little-endian) and
-/// `metadata` to `path` atomically (a temporary file renamed into place).
+/// `metadata` to `path` atomically (a temporary file renamed into place); with `durable` the
+/// data reach the disk (fsync) before the rename.
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                       const std::map<std::string, std::string>& metadata = {});
+                       const std::map<std::string, std::string>& metadata = {}, bool durable = false);
+
+/// The safetensors dtype code of a scalar type ("F32", "BF16", ...).
+std::string safetensors_dtype(at::ScalarType type);
+/// The scalar type of a safetensors dtype code; InputError naming `where` when unknown.
+at::ScalarType scalar_type_of(const std::string& code, const std::string& where);
+
+/// A safetensors file mapped into memory: tensors are views of the mapping, read from disk only
+/// when touched. The header is validated on open (offsets inside the file and matching each
+/// shape); every error is an InputError naming the file and the key.
+class MappedSafetensors {
+ public:
+  explicit MappedSafetensors(const std::string& path);
+  ~MappedSafetensors();
+  MappedSafetensors(const MappedSafetensors&) = delete;
+  MappedSafetensors& operator=(const MappedSafetensors&) = delete;
+
+  /// Whether the file holds `key`.
+  bool has(const std::string& key) const { return entries_.count(key) != 0; }
+  /// The names of the tensors, sorted.
+  std::vector<std::string> keys() const;
+  /// A CPU tensor viewing `key`'s bytes in the mapping (valid while this object lives).
+  at::Tensor view(const std::string& key) const;
+  /// The raw bytes of `key`.
+  std::pair<const void*, size_t> bytes(const std::string& key) const;
+  /// The file's path.
+  const std::string& path() const { return path_; }
+
+ private:
+  struct Entry {
+    at::ScalarType dtype;
+    std::vector<int64_t> shape;
+    uint64_t begin = 0, end = 0;  // absolute file offsets
+  };
+  const Entry& entry(const std::string& key) const;
+
+  std::string path_;
+  void* map_ = nullptr;
+  size_t size_ = 0;
+  std::map<std::string, Entry> entries_;
+};
 
 /// A read safetensors file.
 struct SafetensorsFile {

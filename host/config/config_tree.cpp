@@ -272,6 +272,16 @@ std::string ConfigSection::string(const std::string& key, const std::string& fal
   return result;
 }
 
+std::string ConfigSection::string_or_integer(const std::string& key, const std::string& fallback) const {
+  const toml::value* value = lookup(key);
+  if (value != nullptr && value->is_integer()) {
+    std::string result = std::to_string(value->as_integer());
+    tree_->record(name_, key, *value);
+    return result;
+  }
+  return string(key, fallback);
+}
+
 std::string ConfigSection::required_string(const std::string& key) const {
   if (lookup(key) == nullptr) invalid(key, "required key is missing");
   return string(key, "");

@@ -66,6 +66,8 @@ class ConfigSection {
   bool boolean(const std::string& key, bool fallback) const;
   /// The string at `key`, or `fallback`.
   std::string string(const std::string& key, const std::string& fallback) const;
+  /// The string at `key`, or an integer's decimal text (`load = 5` and `load = "latest"`).
+  std::string string_or_integer(const std::string& key, const std::string& fallback) const;
   /// The string at `key`; absent is an error naming the table.
   std::string required_string(const std::string& key) const;
   /// The string at `key`, which must be one of `choices`.

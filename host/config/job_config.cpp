@@ -132,6 +132,17 @@ JobConfig read_job_config(ConfigTree& tree, int world_size, bool cuda_available)
 
   ConfigSection ck = tree.section("checkpoint");
   c.checkpoint.save_final = ck.boolean("save_final", true);
+  c.checkpoint.dir = ck.string("dir", c.job.run_dir + "/checkpoints");
+  c.checkpoint.interval = at_least(ck, "interval", 0, 0);
+  c.checkpoint.keep_latest = at_least(ck, "keep_latest", 0, 0);
+  c.checkpoint.async = ck.boolean("async", false);
+  c.checkpoint.load = ck.string_or_integer("load", "");
+  static const std::regex load_spec("|latest|\\d+|.*/.*|step-\\d+");
+  if (!std::regex_match(c.checkpoint.load, load_spec))
+    ck.invalid("load", cat("must be \"latest\", a step number or a path to a checkpoint folder, got '",
+                           c.checkpoint.load, "'"));
+  c.checkpoint.load_model_only = ck.boolean("load_model_only", false);
+  if (c.checkpoint.load_model_only && c.checkpoint.load.empty()) ck.invalid("load_model_only", "needs checkpoint.load");
 
   ConfigSection met = tree.section("metrics");
   c.metrics.log_interval = at_least(met, "log_interval", 10, 1);
@@ -141,6 +152,7 @@ JobConfig read_job_config(ConfigTree& tree, int world_size, bool cuda_available)
   c.debug.replica_check_interval = at_least(dbg, "replica_check_interval", 0, 0);
   c.debug.perturb_replicas = dbg.choice("perturb_replicas", "none", {"none", "before_post_init", "after_post_init"});
   c.debug.dump_state = dbg.boolean("dump_state", false);
+  c.debug.crash_in_checkpoint = at_least(dbg, "crash_in_checkpoint", 0, 0);
   return c;
 }
 

@@ -67,6 +67,12 @@ struct DataSection {
 
 struct CheckpointSection {
   bool save_final = true;
+  std::string dir;          ///< default <run_dir>/checkpoints
+  int64_t interval = 0;     ///< save every N steps (and at the end, and on SIGINT/SIGTERM); 0 = off
+  int64_t keep_latest = 0;  ///< keep the newest N checkpoints; 0 = all
+  bool async = false;       ///< write in the background from a host-memory snapshot
+  std::string load;         ///< "" (start fresh) | "latest" | a step number | a path
+  bool load_model_only = false;
 };
 
 struct MetricsSection {
@@ -78,6 +84,7 @@ struct DebugSection {
   int64_t replica_check_interval = 0;
   std::string perturb_replicas = "none";  ///< fault injection: "none" | "before_post_init" | "after_post_init"
   bool dump_state = false;                ///< write final/state.safetensors (parameters, buffers, optimizer)
+  int64_t crash_in_checkpoint = 0;        ///< fault injection: the last rank dies while saving this step
 };
 
 /// Every host-owned setting of a job.

@@ -1,15 +1,25 @@
 #include "metrics/metrics_log.hpp"
 
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "common/log.hpp"
 #include "common/text.hpp"
 
 namespace keel {
 
-MetricsLog::MetricsLog(const std::string& jsonl_path) {
+MetricsLog::MetricsLog(const std::string& jsonl_path, int64_t resume_after_step) {
   if (jsonl_path.empty()) return;
-  jsonl_.emplace(jsonl_path, std::ios::app);
+  std::vector<std::string> kept;
+  {
+    std::ifstream old(jsonl_path);
+    for (std::string line; std::getline(old, line);) {
+      auto record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (record.is_object() && record.value("step", int64_t{0}) <= resume_after_step) kept.push_back(line);
+    }
+  }
+  jsonl_.emplace(jsonl_path, std::ios::trunc);
+  for (const std::string& line : kept) *jsonl_ << line << '\n';
   if (!*jsonl_) throw std::runtime_error(cat("cannot open ", jsonl_path, " for writing"));
 }
 

@@ -22,8 +22,10 @@ struct StepRecord {
 /// Writes step records to the log and to metrics.jsonl.
 class MetricsLog {
  public:
-  /// `jsonl_path` empty disables the JSON lines file.
-  explicit MetricsLog(const std::string& jsonl_path);
+  /// `jsonl_path` empty disables the JSON lines file. An existing file is continued: records
+  /// of steps after `resume_after_step` (a run that died after its last checkpoint) are dropped,
+  /// so a resumed run's records follow without duplicates.
+  explicit MetricsLog(const std::string& jsonl_path, int64_t resume_after_step = 0);
   /// Logs one step.
   void write(const StepRecord& record);
 

@@ -136,6 +136,69 @@ void Model::post_step() {
   if (vtable_.post_step != nullptr) context_.check(vtable_.post_step(raw_), "post_step");
 }
 
+namespace {
+
+// The host's side of keel_export_sink: what the model hands over is kept here; a refusal is
+// reported to the model's context like any host API error.
+struct ExportReceiver {
+  HostContext* context;
+  ModelExport result;
+  std::set<std::string> names;
+
+  static keel_status refuse(ExportReceiver& self, const std::string& why) {
+    host_api().set_error(self.context->raw(), KEEL_ERROR_INVALID_ARGUMENT, why.c_str());
+    return KEEL_ERROR_INVALID_ARGUMENT;
+  }
+  static keel_status tensor(void* context, const char* name, const keel_tensor* value) {
+    auto& self = *static_cast<ExportReceiver*>(context);
+    if (name == nullptr || name[0] == '\0') return refuse(self, "export: a tensor without a name");
+    if (value == nullptr || !keel::tensor(value).defined())
+      return refuse(self, cat("export: tensor '", name, "' is undefined"));
+    if (!self.names.insert(name).second) return refuse(self, cat("export: tensor '", name, "' given twice"));
+    self.result.tensors.emplace_back(name, keel::tensor(value).detach());
+    return KEEL_OK;
+  }
+  static keel_status file(void* context, const char* name, const char* text) {
+    auto& self = *static_cast<ExportReceiver*>(context);
+    std::string n = name != nullptr ? name : "";
+    // The caller writes files under its output folder: a name must not leave it.
+    if (n.empty() || n == "." || n == ".." || n.find('/') != std::string::npos)
+      return refuse(self, cat("export: file name '", n, "' is not a plain file name"));
+    if (text == nullptr) return refuse(self, cat("export: file '", n, "' has no text"));
+    if (!self.result.files.emplace(n, text).second) return refuse(self, cat("export: file '", n, "' given twice"));
+    return KEEL_OK;
+  }
+};
+
+}  // namespace
+
+ModelExport Model::export_state(const std::string& format,
+                                const std::vector<std::pair<std::string, at::Tensor>>& state) {
+  if (vtable_.export_state == nullptr)
+    throw InputError(cat(context_.label(), " cannot export to '", format,
+                         "': the plugin has no export_state (it was built against SDK 1.0, or its model does not "
+                         "support export)"));
+  std::vector<at::Tensor> tensors;  // the handles' slots (shallow copies of the caller's tensors)
+  for (const auto& item : state) tensors.push_back(item.second);
+  std::vector<keel_named_tensor> entries(state.size());
+  std::vector<const keel_named_tensor*> pointers;
+  for (size_t i = 0; i < state.size(); ++i) {
+    entries[i] = {sizeof(keel_named_tensor), state[i].first.c_str(), handle(tensors[i])};
+    pointers.push_back(&entries[i]);
+  }
+  ExportReceiver receiver{&context_, {}, {}};
+  keel_export_sink sink{sizeof(keel_export_sink), &receiver, &ExportReceiver::tensor, &ExportReceiver::file};
+  keel_status status = vtable_.export_state(raw_, format.c_str(), pointers.data(), pointers.size(), &sink);
+  try {
+    context_.check(status, "export_state");
+  } catch (const std::runtime_error& e) {
+    // An unknown format is the user's request, not a failure of the model.
+    if (status == KEEL_ERROR_UNSUPPORTED) throw InputError(e.what());
+    throw;
+  }
+  return std::move(receiver.result);
+}
+
 // ------------------------------------------------------------------ Clipper
 
 Clipper::Clipper(const keel_component& component, const std::string& plugin_name, const ConfigSection& config,

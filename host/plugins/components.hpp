@@ -5,8 +5,10 @@
 
 #include <ATen/ATen.h>
 
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <keel/keel.h>
@@ -35,6 +37,13 @@ struct ParamRef {
 };
 
 class Model;
+
+/// What a model exports in another format: tensors under the format's names, in the order
+/// given, and text files (file name -> contents).
+struct ModelExport {
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  std::map<std::string, std::string> files;
+};
 
 /// One pipeline part of a model.
 class ModelPart {
@@ -84,6 +93,10 @@ class Model {
   void pre_clip();
   /// Runs post_step if the model has it.
   void post_step();
+  /// The model's consolidated `state` (canonical FQN -> whole CPU tensor) in `format`. An
+  /// InputError naming the plugin and the format when the model cannot export (no
+  /// export_state, as in every ABI 1.0 plugin) or does not know the format.
+  ModelExport export_state(const std::string& format, const std::vector<std::pair<std::string, at::Tensor>>& state);
   /// The vtable (zero-extended to this host's size).
   const keel_model_vtable& vtable() const { return vtable_; }
   /// The host context the model reports to.

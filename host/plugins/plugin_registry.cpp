@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <boost/dll/runtime_symbol_info.hpp>
 #include <boost/dll/shared_library.hpp>
+#include <cstddef>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -84,11 +85,13 @@ void validate_components(const std::string& path, const keel_plugin_descriptor& 
     if (c->kind != KEEL_COMPONENT_MODEL && c->kind != KEEL_COMPONENT_CLIPPER)
       throw InputError(
           cat("plugin ", path, ": component '", c->name, "' has unknown kind ", static_cast<int>(c->kind)));
-    size_t vtable_size = c->kind == KEEL_COMPONENT_MODEL ? sizeof(keel_model_vtable) : sizeof(keel_clipper_vtable);
+    // What ABI 1.0 had: later appends are optional and read through copy_versioned.
+    size_t vtable_size =
+        c->kind == KEEL_COMPONENT_MODEL ? offsetof(keel_model_vtable, export_state) : sizeof(keel_clipper_vtable);
     size_t have = c->vtable == nullptr ? 0 : *static_cast<const size_t*>(c->vtable);
     if (have < vtable_size)
       throw InputError(cat("plugin ", path, ": component '", c->name, "' has a ", kind_name(c->kind), " vtable of ",
-                           have, " bytes, this host needs ", vtable_size, " (ABI 1.0)"));
+                           have, " bytes, this host needs at least ", vtable_size, " (ABI 1.0)"));
     std::vector<std::string> missing = missing_functions(*c);
     if (!missing.empty())
       throw InputError(cat("plugin ", path, ": ", kind_name(c->kind), " component '", c->name,

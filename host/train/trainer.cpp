@@ -57,6 +57,23 @@ Trainer::Trainer(Job& job) : job_(job) {
   }
   if (c.debug.perturb_replicas == "before_post_init")
     log_warn(cat("debug.perturb_replicas: perturbed ", perturb_replicas(params_), " replica(s) before post_init"));
+  if (!c.checkpoint.load.empty()) {
+    std::string dir = resolve_checkpoint(c.checkpoint.dir, c.checkpoint.load);
+    if (dir.empty())
+      log_info(cat("checkpoint.load = \"latest\": no checkpoint in ", c.checkpoint.dir, " yet; starting fresh"));
+    else
+      loaded_ = std::make_unique<CheckpointReader>(dir);
+  }
+  const auto load_start = std::chrono::steady_clock::now();
+  if (loaded_) {
+    // The ranks share the verification: together they check every shard's bytes once, and
+    // all refuse a damaged checkpoint, whichever rank found the damage.
+    const MeshLayout& mesh = job.mesh().layout();
+    for (const std::string& problem :
+         all_gather_bytes(job.mesh().group(KEEL_GROUP_WORLD), loaded_->verify_share(mesh.rank, mesh.world())))
+      if (!problem.empty()) throw InputError(problem);
+  }
+  if (loaded_) load_model_state(*loaded_);
   job.model().post_init();
   if (c.debug.perturb_replicas == "after_post_init")
     log_warn(cat("debug.perturb_replicas: perturbed ", perturb_replicas(params_), " replica(s) after post_init"));
@@ -82,7 +99,30 @@ Trainer::Trainer(Job& job) : job_(job) {
   runner_ = std::make_unique<PipelineRunner>(*job.parts().front(), job.mesh().group(KEEL_GROUP_PP),
                                              c.parallelism.schedule, c.parallelism.microbatches,
                                              job.model().info().hidden_size, at::kFloat, job.device());
+  if (loaded_) {
+    if (!c.checkpoint.load_model_only) load_training_state(*loaded_);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+    if (job.mesh().layout().rank == 0)
+      log_info(format("loaded %s in %.3f s: %.1f MB read and %.1f MB verified by this rank (%.0f MB/s)",
+                      loaded_->dir().c_str(), seconds, static_cast<double>(loaded_->bytes_read()) / 1e6,
+                      static_cast<double>(loaded_->bytes_verified()) / 1e6,
+                      static_cast<double>(loaded_->bytes_read()) / 1e6 / std::max(seconds, 1e-9)));
+    loaded_.reset();  // unmaps the files
+  }
+  // Checkpoint I/O gets a group of its own (every rank): a background save's collectives
+  // never interleave with the training's.
+  std::vector<int> everyone;
+  for (int r = 0; r < job.mesh().layout().world(); ++r) everyone.push_back(r);
+  Group* io_group = job.mesh().new_group(everyone);
+  if (c.checkpoint.interval > 0) {
+    checkpoints_ =
+        std::make_unique<CheckpointWriter>(c.checkpoint.dir, *io_group, c.checkpoint.keep_latest, c.checkpoint.async);
+    if (c.debug.crash_in_checkpoint > 0 && job.mesh().layout().rank == job.mesh().layout().world() - 1)
+      checkpoints_->crash_after_writing(c.debug.crash_in_checkpoint);
+  }
 }
+
+Trainer::~Trainer() = default;
 
 double Trainer::step(int64_t step, bool read_loss) {
   const JobConfig& c = job_.config();
@@ -187,15 +227,23 @@ RunSummary Trainer::run() {
   fs::path run_dir = c.job.run_dir;
   // One rank writes what every rank knows: the loss and metrics are gathered from every rank.
   const bool writer = job_.mesh().layout().rank == 0;
-  MetricsLog log(c.metrics.jsonl && writer ? (run_dir / "metrics.jsonl").string() : std::string());
+  MetricsLog log(c.metrics.jsonl && writer ? (run_dir / "metrics.jsonl").string() : std::string(), start_step_);
   install_stop_handlers();
 
   using clock = std::chrono::steady_clock;
   auto interval_start = clock::now();
   int64_t interval_steps = 0;
   double tokens_per_step = static_cast<double>(c.training.global_batch * c.training.seq_len);
-  for (int64_t s = 1; s <= c.training.steps; ++s) {
-    bool log_now = s % c.metrics.log_interval == 0 || s == 1 || s == c.training.steps;
+  int64_t saved_at = -1;  // the step this run last saved
+  summary.steps_done = start_step_;
+  auto checkpoint = [&](int64_t s) {
+    if (checkpoints_ && saved_at != s) {
+      save_checkpoint(s);
+      saved_at = s;
+    }
+  };
+  for (int64_t s = start_step_ + 1; s <= c.training.steps; ++s) {
+    bool log_now = s % c.metrics.log_interval == 0 || s == start_step_ + 1 || s == c.training.steps;
     double lr = schedule_->at(s);
     double loss = step(s, log_now);
     ++interval_steps;
@@ -215,7 +263,7 @@ RunSummary Trainer::run() {
       r.skipped = last_found_inf_.item<float>() != 0.0f;
       r.plugin_metrics = job_.step_metrics().resolve_across(job_.mesh().group(KEEL_GROUP_WORLD));
       if (writer) log.write(r);
-      if (s == 1) {
+      if (s == start_step_ + 1) {
         summary.first_loss = loss;
         summary.first_metrics = r.plugin_metrics;
       }
@@ -224,12 +272,21 @@ RunSummary Trainer::run() {
       interval_start = clock::now();
       interval_steps = 0;
     }
+    if (c.checkpoint.interval > 0 && s % c.checkpoint.interval == 0) checkpoint(s);
     if (int signal = agreed_stop()) {
       summary.stop_signal = signal;
       if (!log_now) summary.final_loss = last_loss_.item<double>();
       log_info(cat("stopping after step ", s, " (", signal == SIGINT ? "SIGINT" : "SIGTERM", ")"));
       break;
     }
+  }
+  // The end, a stop signal included: the last state is saved (a run of no steps after a load
+  // saves the loaded state in this run's layout: a resharded copy).
+  checkpoint(summary.steps_done);
+  if (checkpoints_) {
+    checkpoints_->wait();
+    summary.checkpoint_path = checkpoints_->last_path();
+    report_save();
   }
   summary.replica_checks = replica_checks_;
   if (replica_checks_ > 0 && writer)

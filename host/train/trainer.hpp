@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/checkpoint_reader.hpp"
+#include "checkpoint/checkpoint_writer.hpp"
 #include "data/batch_stream.hpp"
 #include "data/token_source.hpp"
 #include "grad_sync/grad_buckets.hpp"
@@ -31,19 +33,27 @@ struct RunSummary {
   std::optional<double> loss_floor;
   int stop_signal = 0;  ///< the signal that stopped the run early, or 0
   std::string weights_path;
-  int64_t replica_checks = 0;  ///< replica-guard passes (each compared every copy of every parameter)
+  std::string checkpoint_path;  ///< the last checkpoint saved, or ""
+  int64_t replica_checks = 0;   ///< replica-guard passes (each compared every copy of every parameter)
 };
 
 /// Trains a built Job.
 class Trainer {
  public:
-  /// Initialises weights, synchronises replicas (model.post_init), lays out gradients, binds
-  /// the clipper, allocates optimizer state.
+  /// Initialises weights (or loads them with the rest of the training state from
+  /// checkpoint.load), synchronises replicas (model.post_init), lays out gradients, binds the
+  /// clipper, allocates optimizer state.
   explicit Trainer(Job& job);
+  ~Trainer();
   /// Runs every step (or until SIGINT/SIGTERM), then saves final weights.
   RunSummary run();
   /// Runs one step; returns its loss when `read_loss` (otherwise 0, avoiding a device sync).
   double step(int64_t step, bool read_loss);
+  /// The step the run starts after (the loaded checkpoint's, else 0).
+  int64_t start_step() const { return start_step_; }
+  /// Saves a checkpoint of the state after `step` (asynchronously with checkpoint.async).
+  /// [collective: world]
+  void save_checkpoint(int64_t step);
   /// The total gradient norm of the last step (reads the device).
   double last_grad_norm() const { return last_norm_.item<double>(); }
   /// The optimizer (for tests and checkpoints).
@@ -58,6 +68,10 @@ class Trainer {
  private:
   int agreed_stop();
   void report_pipeline_bubble();
+  std::vector<TensorPiece> checkpoint_pieces() const;
+  void load_model_state(CheckpointReader& reader);
+  void load_training_state(CheckpointReader& reader);
+  void report_save();
   bool writes(const ParamRef& p) const;
 
   Job& job_;
@@ -72,6 +86,13 @@ class Trainer {
   at::Tensor lr_;
   at::Tensor last_norm_, last_found_inf_, last_loss_;
   int64_t replica_checks_ = 0;
+  int64_t start_step_ = 0;
+  std::unique_ptr<CheckpointWriter> checkpoints_;
+  std::unique_ptr<CheckpointReader> loaded_;
+  std::string reported_save_;
+  /// Another clipper's state found in the loaded checkpoint: carried into every checkpoint
+  /// this run saves (rank 0), so swapping clippers back and forth loses nothing.
+  std::vector<std::pair<std::string, at::Tensor>> foreign_clipper_state_;
 };
 
 }  // namespace keel

@@ -5,10 +5,13 @@
 #include <c10/core/GradMode.h>
 #include <keel/keel.hpp>
 
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "args.hpp"
+#include "export_hf.hpp"
 #include "part.hpp"
 
 namespace {
@@ -89,6 +92,11 @@ class DeepSeekV3 {
       }
   }
 
+  void export_state(const std::string& format, const std::map<std::string, at::Tensor>& state, keel::ExportSink& sink) {
+    if (format != "hf") throw keel::unsupported_format("deepseek_v3_mtp", format, "hf");
+    deepseek_v3::export_hf(host_, args_, state, sink);
+  }
+
  private:
   DeepSeekV3(keel::Host host, deepseek_v3::Args args, keel_mesh_info mesh) : host_(host), args_(args), mesh_(mesh) {}
 
@@ -110,7 +118,7 @@ class DeepSeekV3 {
 
 }  // namespace
 
-KEEL_PLUGIN("deepseek_v3_mtp", "1.0.0",
+KEEL_PLUGIN("deepseek_v3_mtp", "1.1.0",
             keel::model_component<DeepSeekV3>("deepseek_v3_mtp",
                                               "DeepSeek-V3: MLA, DeepSeekMoE with aux-loss-free balancing, "
                                               "multi-token prediction",

@@ -98,9 +98,8 @@ at::Tensor Part::feed_forward(const Block& b, const at::Tensor& x) const {
   return at::linear(at::silu(at::linear(x, *b.w1)) * at::linear(x, *b.w3), *b.w2);
 }
 
-void Part::forward(const keel_forward_inputs& inputs, keel_forward_outputs& outputs) {
-  const at::Tensor& tokens = keel::tensor(inputs.tokens);
-  at::Tensor h = tok_embeddings_ != nullptr ? at::embedding(*tok_embeddings_, tokens) : keel::tensor(inputs.activation);
+at::Tensor Part::trunk(const at::Tensor& tokens, const at::Tensor* activation) const {
+  at::Tensor h = tok_embeddings_ != nullptr ? at::embedding(*tok_embeddings_, tokens) : *activation;
   const int64_t seq = h.size(1), half = args_.head_dim() / 2;
   at::Tensor positions = at::arange(seq, h.options().dtype(at::kFloat));
   at::Tensor freqs = at::pow(args_.rope_theta, at::arange(half, h.options().dtype(at::kFloat)) *
@@ -111,11 +110,27 @@ void Part::forward(const keel_forward_inputs& inputs, keel_forward_outputs& outp
     h = h + attention(b, at::rms_norm(h, {args_.dim}, *b.attention_norm, args_.norm_eps), cos, sin);
     h = h + feed_forward(b, at::rms_norm(h, {args_.dim}, *b.ffn_norm, args_.norm_eps));
   }
+  return h;
+}
+
+at::Tensor Part::head(const at::Tensor& h) const {
+  return at::linear(at::rms_norm(h, {args_.dim}, *norm_, args_.norm_eps), *output_);
+}
+
+at::Tensor Part::logits(const at::Tensor& tokens) {
+  if (tok_embeddings_ == nullptr || output_ == nullptr)
+    throw keel::Error(KEEL_ERROR_INVALID_ARGUMENT, "llama3: logits() needs a part holding the whole model");
+  return head(trunk(tokens, nullptr));
+}
+
+void Part::forward(const keel_forward_inputs& inputs, keel_forward_outputs& outputs) {
+  const at::Tensor* activation = inputs.activation != nullptr ? &keel::tensor(inputs.activation) : nullptr;
+  at::Tensor h = trunk(keel::tensor(inputs.tokens), activation);
   if (output_ == nullptr) {
     keel::tensor(outputs.activation) = h;
     return;
   }
-  at::Tensor logits = at::linear(at::rms_norm(h, {args_.dim}, *norm_, args_.norm_eps), *output_);
+  at::Tensor logits = head(h);
   const at::Tensor& labels = keel::tensor(inputs.labels);
   keel::tensor(outputs.loss_sum) =
       at::cross_entropy_loss(logits.reshape({-1, args_.vocab_size}).to(at::kFloat), labels.reshape({-1}),

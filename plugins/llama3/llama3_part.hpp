@@ -16,6 +16,8 @@ class Part final : public keel::Part {
   Part(keel_host* host, const Args& args, const keel_part_spec& spec);
   void init_weights(uint64_t seed) override;
   void forward(const keel_forward_inputs& inputs, keel_forward_outputs& outputs) override;
+  /// The logits ([batch, seq, vocab]) of `tokens`; for a part holding the whole model.
+  at::Tensor logits(const at::Tensor& tokens);
 
  private:
   struct Block {
@@ -24,6 +26,10 @@ class Part final : public keel::Part {
   at::Tensor& param(const std::string& fqn, std::vector<int64_t> shape);
   at::Tensor attention(const Block& b, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const;
   at::Tensor feed_forward(const Block& b, const at::Tensor& x) const;
+  // The embedding (first stage) or the previous stage's activation through this part's blocks.
+  at::Tensor trunk(const at::Tensor& tokens, const at::Tensor* activation) const;
+  // The final norm and the output head (last stage).
+  at::Tensor head(const at::Tensor& h) const;
 
   Args args_;
   keel_part_spec spec_;

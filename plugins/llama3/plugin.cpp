@@ -1,10 +1,13 @@
 // The llama3 plugin: a Llama 3 model component (flavors tiny, debug, 8b).
 #include <keel/keel.hpp>
 
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "llama3_args.hpp"
+#include "llama3_export_hf.hpp"
 #include "llama3_part.hpp"
 
 namespace {
@@ -26,6 +29,10 @@ class Llama3 {
     parts_.push_back(std::make_unique<llama3::Part>(host_.raw(), args_, spec));
     return *parts_.back();
   }
+  void export_state(const std::string& format, const std::map<std::string, at::Tensor>& state, keel::ExportSink& sink) {
+    if (format != "hf") throw keel::unsupported_format("llama3", format, "hf");
+    llama3::export_hf(host_.raw(), args_, state, sink);
+  }
 
  private:
   Llama3(keel::Host host, llama3::Args args) : host_(host), args_(args) {}
@@ -36,5 +43,5 @@ class Llama3 {
 
 }  // namespace
 
-KEEL_PLUGIN("llama3", "1.0.0",
+KEEL_PLUGIN("llama3", "1.1.0",
             keel::model_component<Llama3>("llama3", "Llama 3 (RMSNorm, RoPE, grouped-query attention, SwiGLU)"))

@@ -3,8 +3,11 @@
 // gradients are identical across dp after the reduction). Every gradient, replicas included,
 // is scaled by the same device-tensor coefficient min(1, max_norm / (total + 1e-6)). With no
 // replicas this is torch.nn.utils.clip_grad_norm_. No host synchronisation: capture-safe.
+// State (checkpointed under the clipper's name): how many steps it clipped and saw, device
+// counters updated without a host read.
 #include <keel/keel.hpp>
 
+#include <array>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -38,7 +41,16 @@ class NormClipper {
       ((p.flags & KEEL_PARAM_EXPERT) != 0 ? expert_ : dense_).push_back(t);
     }
     if (count > 0) device_ = keel::tensor(params[0]->tensor).device();
+    steps_ = steps_.to(device_);
+    clipped_steps_ = clipped_steps_.to(device_);
     bound_ = true;
+  }
+
+  std::pair<const keel_named_tensor* const*, size_t> state() {
+    named_[0] = {sizeof(keel_named_tensor), "steps", keel::handle(steps_)};
+    named_[1] = {sizeof(keel_named_tensor), "clipped_steps", keel::handle(clipped_steps_)};
+    state_view_ = {&named_[0], &named_[1]};
+    return {state_view_.data(), state_view_.size()};
   }
 
   at::Tensor clip(const keel_param_info* const* params, size_t count) {
@@ -83,6 +95,8 @@ class NormClipper {
 
   void scale(const at::Tensor& total) {
     at::Tensor coef = (max_norm_ / (total + 1e-6)).clamp_max(1.0);
+    steps_.add_(1.0);
+    clipped_steps_.add_(coef.lt(1.0).to(at::kFloat));
     std::vector<at::Tensor> grads = grads_of(all_);
     if (!grads.empty()) at::_foreach_mul_(grads, coef);
   }
@@ -93,6 +107,9 @@ class NormClipper {
   bool bound_ = false;
   at::Device device_{at::kCPU};
   std::vector<at::Tensor*> dense_, expert_, all_;
+  at::Tensor steps_ = at::zeros({}, at::kFloat), clipped_steps_ = at::zeros({}, at::kFloat);
+  std::array<keel_named_tensor, 2> named_{};
+  std::array<const keel_named_tensor*, 2> state_view_{};
 };
 
 }  // namespace

@@ -8,90 +8,33 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <nlohmann/json.hpp>
-#include <sstream>
 
-#include "checkpoint/safetensors.hpp"
-#include "test_support.hpp"
+#include "job_runs.hpp"
 
 namespace keel {
 namespace {
 
-// Adam divides each gradient element by its own running RMS, so the fp32 rounding of another
-// reduction order (1e-7 relative in a gradient) becomes a relative error of the update where
-// an element's gradient nearly cancels; parameter differences grow with lr x steps. At lr 3e-4
-// they stay inside the tolerance below (measured: at most 0.74 of it, DP4 EP4); at 3e-3 they
-// do not, for data parallelism alone as much as for any pipeline or expert layout.
-const char* kJob = R"([model]
-plugin = "deepseek_v3_mtp"
-flavor = "tiny"
-n_layers = 4
-[clipper]
-max_norm = 0.05
-[training]
-steps = 10
-seq_len = 16
-global_batch = 8
-seed = 3
-threads = 1
-[parallelism]
-microbatches = 2
-timeout_s = 60
-[optimizer]
-lr = 3e-4
-[metrics]
-log_interval = 1
-[checkpoint]
-save_final = false
-[debug]
-replica_check_interval = 1
-dump_state = true
-)";
+const std::string kJob = test::tiny_deepseek_job();
 
 constexpr double kMaxNorm = 0.05;
 constexpr double kRtol = 1e-5, kAtol = 1e-7;
 
-struct TrainedRun {
-  std::string dir;
-  test::CommandResult result;
-  double seconds = 0;
-  std::vector<double> loss, grad_norm;
-  std::map<std::string, at::Tensor> state;
-};
+using test::JobRun;
 
-// Runs the job on `ranks` processes (keel-launch) with `sets` applied.
-TrainedRun train(const test::TempDir& dir, const std::string& name, int ranks, const std::vector<std::string>& sets,
-                 const char* job = kJob) {
-  TrainedRun run;
-  run.dir = dir / name;
-  test::write_file(dir / (name + ".toml"), job);
-  std::string command = test::source_dir() + "/tools/keel-launch --nproc " + std::to_string(ranks) + " -- " +
-                        test::bin_dir() + "/keel-train --plugin-path " + test::plugin_dir() + " --config " +
-                        (dir / (name + ".toml")) + " --set job.run_dir=\\\"" + run.dir + "\\\"";
-  for (const std::string& s : sets) command += " --set " + s;
-  auto start = std::chrono::steady_clock::now();
-  run.result = test::run_command("timeout 300 " + command);
-  run.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (run.result.status != 0) return run;
-  std::istringstream in(test::read_file(run.dir + "/metrics.jsonl"));
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line);
-    run.loss.push_back(j["loss"]);
-    run.grad_norm.push_back(j["grad_norm"]);
-  }
-  if (std::filesystem::exists(run.dir + "/final/state.safetensors"))
-    run.state = read_safetensors(run.dir + "/final/state.safetensors").tensors;
-  return run;
+JobRun train(const test::TempDir& dir, const std::string& name, int ranks, const std::vector<std::string>& sets,
+             const std::string& job = kJob) {
+  return test::run_job(dir, name, ranks, job, sets);
 }
 
 double relative(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
 
 // The layout's run matches the single-rank run; prints one row of the parity table.
-void expect_parity(const std::string& layout, int ranks, const std::vector<std::string>& sets, const char* job = kJob) {
+void expect_parity(const std::string& layout, int ranks, const std::vector<std::string>& sets,
+                   const std::string& job = kJob) {
   test::TempDir dir;
-  TrainedRun single = train(dir, "single", 1, {}, job);
+  JobRun single = train(dir, "single", 1, {}, job);
   ASSERT_EQ(single.result.status, 0) << single.result.output;
-  TrainedRun parallel = train(dir, "parallel", ranks, sets, job);
+  JobRun parallel = train(dir, "parallel", ranks, sets, job);
   ASSERT_EQ(parallel.result.status, 0) << parallel.result.output;
   EXPECT_NE(parallel.result.output.find("replica guard: 10 check(s), every copy of every parameter bitwise equal"),
             std::string::npos)
@@ -150,7 +93,7 @@ TEST(ParallelParity, Llama3Pp2Dp2MatchesTheSingleRankRun) {
   std::string job = kJob;
   job.replace(job.find("deepseek_v3_mtp"), 15, "llama3");
   job.erase(job.find("n_layers = 4\n"), 13);
-  expect_parity("llama3 PP2 DP2", 4, {"parallelism.pp=2", "parallelism.dp=2"}, job.c_str());
+  expect_parity("llama3 PP2 DP2", 4, {"parallelism.pp=2", "parallelism.dp=2"}, job);
 }
 
 TEST(ParallelParity, GPipeAndOneFOneBAreBitwiseIdentical) {
@@ -160,7 +103,7 @@ TEST(ParallelParity, GPipeAndOneFOneBAreBitwiseIdentical) {
   std::vector<std::string> gpipe = layout, one_f_one_b = layout;
   gpipe.push_back("parallelism.schedule=gpipe");
   one_f_one_b.push_back("parallelism.schedule=1f1b");
-  TrainedRun a = train(dir, "gpipe", 4, gpipe), b = train(dir, "1f1b", 4, one_f_one_b);
+  JobRun a = train(dir, "gpipe", 4, gpipe), b = train(dir, "1f1b", 4, one_f_one_b);
   ASSERT_EQ(a.result.status, 0) << a.result.output;
   ASSERT_EQ(b.result.status, 0) << b.result.output;
   EXPECT_EQ(a.loss, b.loss);
@@ -171,7 +114,7 @@ TEST(ParallelParity, GPipeAndOneFOneBAreBitwiseIdentical) {
 
 TEST(ReplicaContract, APerturbedReplicaBeforePostInitIsRepairedByIt) {
   test::TempDir dir;
-  TrainedRun run = train(dir, "repaired", 2, {"parallelism.pp=2", "debug.perturb_replicas=before_post_init"});
+  JobRun run = train(dir, "repaired", 2, {"parallelism.pp=2", "debug.perturb_replicas=before_post_init"});
   ASSERT_EQ(run.result.status, 0) << run.result.output;
   EXPECT_NE(run.result.output.find("perturbed 1 replica(s) before post_init"), std::string::npos);
   EXPECT_NE(run.result.output.find("replica guard: 10 check(s), every copy of every parameter bitwise equal"),
@@ -181,7 +124,7 @@ TEST(ReplicaContract, APerturbedReplicaBeforePostInitIsRepairedByIt) {
 
 TEST(ReplicaContract, APerturbationAfterPostInitIsCaughtByTheGuardNamingTheParameter) {
   test::TempDir dir;
-  TrainedRun run = train(dir, "caught", 2, {"parallelism.pp=2", "debug.perturb_replicas=after_post_init"});
+  JobRun run = train(dir, "caught", 2, {"parallelism.pp=2", "debug.perturb_replicas=after_post_init"});
   EXPECT_NE(run.result.status, 0);
   EXPECT_NE(run.result.output.find("replica guard after step 1: the copies of 'tok_embeddings.weight' differ: "
                                    "rank(s) 0 hold xxh64"),

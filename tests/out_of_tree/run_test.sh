@@ -21,6 +21,32 @@ out=$("$work/prefix/bin/keel-launch" --nproc 2 -- "$work/prefix/bin/keel-train" 
   --plugin-path "$work/build" --set "job.run_dir=\"$work/run_pp2\"" 2>&1) || { echo "$out"; exit 1; }
 echo "$out" | tail -n 3
 grep -q "replica guard: 5 check(s), every copy of every parameter bitwise equal" <<< "$out"
+# Clipper hot-swap: save with norm_clipper, resume with the out-of-tree clipper, and back. The
+# norm_clipper's state (its step counters) rides through the value_clipper run unused and is
+# restored when norm_clipper returns; replicas stay bitwise equal throughout.
+swap() {  # swap RUN STEPS CLIPPER [LOAD]
+  local args=(--config "$here/job_swap.toml" --plugin-path "$work/build" --set "job.run_dir=\"$work/$1\""
+    --set "training.steps=$2" --set "clipper.plugin=\"$3\"")
+  [ -n "${4:-}" ] && args+=(--set "checkpoint.load=\"$work/$4\"")
+  [ "$3" = value_clipper ] && args+=(--set clipper.clip_value=0.005)
+  "$work/prefix/bin/keel-launch" --nproc 2 -- "$work/prefix/bin/keel-train" "${args[@]}" 2>&1
+}
+clipper_steps() {  # clipper_steps CHECKPOINT -> norm_clipper's step counter in it
+  python3 -c "import sys
+from safetensors import safe_open
+with safe_open(sys.argv[1] + '/rank-00000.safetensors', 'pt') as f:
+    print(int(f.get_tensor('clipper.norm_clipper.steps').item()))" "$work/$1"
+}
+out=$(swap swap1 4 norm_clipper) || { echo "$out"; exit 1; }
+out=$(swap swap2 8 value_clipper swap1/checkpoints/step-4) || { echo "$out"; exit 1; }
+grep -q "checkpoint saved with clipper 'norm_clipper'; this run clips with 'value_clipper', whose state is empty; 2 other clipper state tensor(s) kept, unused" <<< "$out" || { echo "$out"; exit 1; }
+grep -q "replica guard: 4 check(s), every copy of every parameter bitwise equal" <<< "$out"
+[ "$(clipper_steps swap2/checkpoints/step-8)" = 4 ]
+out=$(swap swap3 12 norm_clipper swap2/checkpoints/step-8) || { echo "$out"; exit 1; }
+grep -q "checkpoint saved with clipper 'value_clipper'; this run clips with 'norm_clipper', whose state is restored from the checkpoint" <<< "$out" || { echo "$out"; exit 1; }
+grep -q "replica guard after load: every copy bitwise equal" <<< "$out"
+[ "$(clipper_steps swap3/checkpoints/step-12)" = 8 ]
+echo "clipper hot-swap: norm_clipper -> value_clipper -> norm_clipper, state carried"
 # The installed plugins are found without --plugin-path (the install's own plugin folder).
 "$work/prefix/bin/keel-plugin" inspect llama3 > /dev/null
 test -f "$work/prefix/include/keel/keel.h"

@@ -1,38 +1,39 @@
-/* Shared pieces of the malformed C test plugins: a model vtable whose functions all fail. */
+/* Shared pieces of the C test plugins: a model vtable whose functions all fail. Inline, so a
+ * plugin that uses only some of them compiles without unused-function warnings. */
 #ifndef KEEL_TEST_C_PLUGIN_COMMON_H
 #define KEEL_TEST_C_PLUGIN_COMMON_H
 #include <keel/keel.h>
 
-static keel_status fail_create(keel_host* host, const keel_config* config, keel_model** out) {
+static inline keel_status fail_create(keel_host* host, const keel_config* config, keel_model** out) {
   (void)config;
   (void)out;
   host->api->set_error(host, KEEL_ERROR_UNSUPPORTED, "test plugin");
   return KEEL_ERROR_UNSUPPORTED;
 }
-static void noop_destroy(keel_model* model) { (void)model; }
-static keel_status fail_info(keel_model* m, keel_model_info* out) {
+static inline void noop_destroy(keel_model* model) { (void)model; }
+static inline keel_status fail_info(keel_model* m, keel_model_info* out) {
   (void)m;
   (void)out;
   return KEEL_ERROR_UNSUPPORTED;
 }
-static keel_status fail_build(keel_model* m, const keel_part_spec* s, keel_part** out) {
+static inline keel_status fail_build(keel_model* m, const keel_part_spec* s, keel_part** out) {
   (void)m;
   (void)s;
   (void)out;
   return KEEL_ERROR_UNSUPPORTED;
 }
-static keel_status fail_list(keel_part* p, const keel_param_info* const** out, size_t* n) {
+static inline keel_status fail_list(keel_part* p, const keel_param_info* const** out, size_t* n) {
   (void)p;
   (void)out;
   (void)n;
   return KEEL_ERROR_UNSUPPORTED;
 }
-static keel_status fail_init(keel_part* p, uint64_t seed) {
+static inline keel_status fail_init(keel_part* p, uint64_t seed) {
   (void)p;
   (void)seed;
   return KEEL_ERROR_UNSUPPORTED;
 }
-static keel_status fail_forward(keel_part* p, const keel_forward_inputs* i, keel_forward_outputs* o) {
+static inline keel_status fail_forward(keel_part* p, const keel_forward_inputs* i, keel_forward_outputs* o) {
   (void)p;
   (void)i;
   (void)o;

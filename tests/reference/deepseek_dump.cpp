@@ -1,7 +1,13 @@
 // deepseek_dump: runs one microbatch of the DeepSeek-V3 plugin's part on seeded weights and
 // tokens, and writes weights, buffers, logits, losses and gradients to a safetensors file for
 // the Python parity tests (Hugging Face transformers and the plain-PyTorch reference).
-//   deepseek_dump OUT.safetensors [key=value ...]   (keys of the [model] table)
+//   deepseek_dump OUT.safetensors [key=value ...]   (keys of the [model] table, and:)
+//     batch=B seq=S       the batch's shape
+//     weights=PATH        the weights of a consolidated Keel-named file (keel-ckpt export --keel)
+//                         instead of seeded ones
+//     export=hf           also the plugin's Hugging Face export of the weights ("hf.<name>") and
+//                         of the main loss's gradients ("hf_grad_main.<name>"), and its
+//                         config.json (metadata "hf_config")
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/GradMode.h>
@@ -16,10 +22,36 @@
 #include "common/error.hpp"
 #include "common/text.hpp"
 #include "config/config_tree.hpp"
+#include "dump_support.hpp"
+#include "export_hf.hpp"
 #include "mesh/mesh.hpp"
 #include "metrics/step_metrics.hpp"
 #include "part.hpp"
 #include "plugins/host_context.hpp"
+
+namespace {
+
+// The plugin's Hugging Face export of `state` (weights, or gradients in the weights' places),
+// each tensor under `prefix` + its transformers name.
+std::string plugin_hf_export(keel::HostContext& context, const deepseek_v3::Args& args, deepseek_v3::Part& part,
+                             bool gradients, const std::string& prefix,
+                             std::vector<std::pair<std::string, at::Tensor>>& dump) {
+  std::map<std::string, at::Tensor> state;
+  for (const auto& d : part.parameters().decls()) {
+    at::Tensor g = d->tensor.grad();
+    state[d->fqn] = !gradients ? d->tensor.detach() : g.defined() ? g : at::zeros_like(d->tensor);
+  }
+  for (const auto& d : part.buffers().decls())
+    if (d->flags & KEEL_PARAM_PERSISTENT) state[d->fqn] = gradients ? at::zeros_like(d->tensor) : d->tensor;
+  keel::dump::Collected collected;
+  keel_export_sink raw = keel::dump::collecting_sink(collected);
+  keel::ExportSink sink(&raw);
+  deepseek_v3::export_hf(keel::Host(context.raw()), args, state, sink);
+  for (auto& [name, tensor] : collected.tensors) dump.push_back({prefix + name, tensor});
+  return collected.files.at("config.json");
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
@@ -29,33 +61,35 @@ int main(int argc, char** argv) {
   try {
     keel::ConfigTree tree = keel::ConfigTree::from_string("[model]\nflavor = \"tiny\"\n", "dump");
     int64_t batch = 2, seq = 32;
+    std::string weights, export_format;
     for (int i = 2; i < argc; ++i) {
       std::string kv = argv[i];
       if (kv.rfind("batch=", 0) == 0)
         batch = std::stoll(kv.substr(6));
       else if (kv.rfind("seq=", 0) == 0)
         seq = std::stoll(kv.substr(4));
+      else if (kv.rfind("weights=", 0) == 0)
+        weights = kv.substr(8);
+      else if (kv.rfind("export=", 0) == 0)
+        export_format = kv.substr(7);
       else
         tree.set("model." + kv);
     }
+    if (!export_format.empty() && export_format != "hf")
+      throw std::invalid_argument("export=" + export_format + ": only export=hf exists");
     keel::ConfigSection section = tree.section("model");
-    keel::Mesh mesh(keel::MeshLayout::compute(1, 1, 1, 0));
-    keel::StepMetrics metrics;
-    keel::HostContext context("model deepseek_v3_mtp (dump)", {&mesh, &metrics});
-    keel::Config config(context.raw(), keel::HostContext::config_handle(section));
+    keel::dump::DumpHost host("model deepseek_v3_mtp (dump)");
+    keel::Config config = host.config(section);
     deepseek_v3::Args args = deepseek_v3::read_args(config);
     tree.check_all_read();
-
-    keel_part_spec spec{};
-    spec.struct_size = sizeof(spec);
-    spec.num_stages = 1;
-    spec.num_layers = static_cast<int32_t>(args.n_layers);
     deepseek_v3::ExpertPlacement placement;
     placement.local = args.n_routed_experts;
-    deepseek_v3::Part part(context.raw(), args, spec, placement);
-    part.init_weights(42);
+    deepseek_v3::Part part(host.context.raw(), args, keel::dump::whole_model_spec(args.n_layers), placement);
     at::Generator gen = at::detail::createCPUGenerator(7);
-    {
+    if (!weights.empty()) {
+      keel::dump::load_weights(part, weights);
+    } else {
+      part.init_weights(42);
       // A non-zero routing bias, so the parity tests cover biased expert choice.
       c10::NoGradGuard no_grad;
       for (deepseek_v3::Moe* moe : part.moes())
@@ -78,7 +112,10 @@ int main(int argc, char** argv) {
     for (const auto& d : part.parameters().decls()) dump.push_back({"param." + d->fqn, d->tensor.detach().clone()});
     for (const auto& d : part.buffers().decls())
       if (d->flags & KEEL_PARAM_PERSISTENT) dump.push_back({"buffer." + d->fqn, d->tensor.clone()});
+    std::string hf_config;
+    if (export_format == "hf") hf_config = plugin_hf_export(host.context, args, part, /*gradients=*/false, "hf.", dump);
     (out.main_loss_sum / n).backward({}, /*retain_graph=*/true);
+    if (export_format == "hf") plugin_hf_export(host.context, args, part, /*gradients=*/true, "hf_grad_main.", dump);
     for (const auto& d : part.parameters().decls()) {
       at::Tensor g = d->tensor.grad();
       dump.push_back({"grad_main." + d->fqn, g.defined() ? g.clone() : at::zeros_like(d->tensor)});
@@ -116,6 +153,7 @@ int main(int argc, char** argv) {
                                                {"norm_eps", keel::format("%.17g", args.norm_eps)},
                                                {"num_mtp_layers", std::to_string(args.num_mtp_layers)},
                                                {"mtp_loss_scale", keel::format("%.17g", args.mtp_loss_scale)}};
+    if (!hf_config.empty()) meta["hf_config"] = hf_config;
     keel::write_safetensors(argv[1], dump, meta);
     std::printf("%s: %zu tensors\n", argv[1], dump.size());
     return 0;

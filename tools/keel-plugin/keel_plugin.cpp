@@ -2,6 +2,7 @@
 // descriptor: ABI, LibTorch, components and which hooks they provide.
 #include <torch/headeronly/version.h>
 
+#include <cstddef>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -31,6 +32,9 @@ std::string hooks(const keel_component& c) {
     tag("post_init", v->post_init != nullptr, false);
     tag("pre_clip", v->pre_clip != nullptr, (v->hook_flags & KEEL_HOOK_PRE_CLIP_CAPTURE_SAFE) != 0);
     tag("post_step", v->post_step != nullptr, false);
+    // Appended in ABI 1.1: an older plugin's vtable ends before it.
+    const bool has_export = v->struct_size > offsetof(keel_model_vtable, export_state) && v->export_state != nullptr;
+    tag("export_state", has_export, false);
   } else {
     auto* v = static_cast<const keel_clipper_vtable*>(c.vtable);
     tag("bind_model_parts", v->bind_model_parts != nullptr, false);

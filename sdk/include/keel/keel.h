@@ -13,6 +13,8 @@
  *     boundary starts with `size_t struct_size`; fields are only ever appended. A receiver
  *     checks that struct_size covers what it needs and never reads beyond it, so a plugin of a
  *     newer minor loads in an older host as long as what the host needs is there.
+ *   - History: 1.0: the first release. 1.1: model export (keel_export_sink and
+ *     keel_model_vtable.export_state).
  *
  * Ownership and lifetime:
  *   - Every pointer handed across the boundary is borrowed for the duration of the call unless
@@ -34,6 +36,7 @@
  *                          (see KEEL_HOOK_*_CAPTURE_SAFE): no host synchronisation, no
  *                          allocation that changes between steps, no host branch on device data
  *   [setup]                only during setup (before the first step)
+ *   [export]               only while the host's export_state() call is in progress
  */
 #ifndef KEEL_KEEL_H
 #define KEEL_KEEL_H
@@ -48,7 +51,7 @@ extern "C" {
 /* ---------------------------------------------------------------- versions and basics */
 
 #define KEEL_ABI_MAJOR 1
-#define KEEL_ABI_MINOR 0
+#define KEEL_ABI_MINOR 1
 
 #if defined(_WIN32)
 #define KEEL_EXPORT __declspec(dllexport)
@@ -302,6 +305,22 @@ typedef struct keel_forward_outputs {
 
 enum { KEEL_HOOK_PRE_CLIP_CAPTURE_SAFE = 1u << 0, KEEL_HOOK_CLIP_CAPTURE_SAFE = 1u << 1 };
 
+/* Where export_state() hands what it produces (since 1.1). Host-owned, borrowed for the call.
+ * Each callback takes what it receives before returning (the host keeps its own reference to
+ * the tensor or writes it out), so the model may drop its handles afterwards; it must not
+ * modify a tensor it handed over. A failing callback has already reported its error: return
+ * its status from export_state(). */
+typedef struct keel_export_sink {
+  size_t struct_size;
+  void* context; /* the host's; pass it back unchanged                                   */
+  /* Receives one tensor under its name in the target format (e.g.
+   * "model.layers.0.self_attn.q_proj.weight"); a name given twice is an error. [export] */
+  keel_status (*tensor)(void* context, const char* name, const keel_tensor* value);
+  /* Receives one text file of the export (e.g. "config.json"): a plain file name, no
+   * folders. [export] */
+  keel_status (*file)(void* context, const char* name, const char* text);
+} keel_export_sink;
+
 typedef struct keel_model_vtable {
   size_t struct_size;
   /* Creates a model from its config table alone. Required. [once] */
@@ -336,6 +355,16 @@ typedef struct keel_model_vtable {
   keel_status (*post_step)(keel_model* model);
   /* KEEL_HOOK_* flags declaring which step hooks are capture-safe. */
   uint32_t hook_flags;
+
+  /* ---- appended in 1.1 */
+
+  /* Exports the model's consolidated state (every logical parameter and persistent buffer
+   * under its canonical FQN, whole, on the CPU; read-only) in another format; `format` "hf" is
+   * Hugging Face transformers: the model hands each exported tensor and file (config.json) to
+   * `sink`. May be called on a model that built no parts. Optional (NULL: the model cannot be
+   * exported); an unknown format is KEEL_ERROR_UNSUPPORTED. [once] */
+  keel_status (*export_state)(keel_model* model, const char* format, const keel_named_tensor* const* state,
+                              size_t count, const keel_export_sink* sink);
 } keel_model_vtable;
 
 /* ---------------------------------------------------------------- clipper */

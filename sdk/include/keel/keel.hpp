@@ -13,6 +13,7 @@
 
 #include <cstring>
 #include <exception>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -267,6 +268,48 @@ inline at::TensorOptions part_options(const keel_part_spec& spec) {
   return at::TensorOptions().dtype(dtype).device(device);
 }
 
+// ------------------------------------------------------------------ model export
+
+/// The host's receiver of a model export (keel_export_sink): each call hands over one tensor
+/// or file, which the host takes before returning.
+class ExportSink {
+ public:
+  explicit ExportSink(const keel_export_sink* sink) : sink_(sink) {
+    if (sink == nullptr || sink->struct_size < offsetof(keel_export_sink, file) + sizeof(sink->file))
+      throw Error(KEEL_ERROR_INVALID_ARGUMENT, "keel_export_sink is NULL or older than SDK 1.1");
+  }
+  /// Hands over `value` under `name` (a name of the target format).
+  void tensor(const std::string& name, const at::Tensor& value) const {
+    check(sink_->tensor(sink_->context, name.c_str(), handle(value)));
+  }
+  /// Hands over the text file `name` (a plain file name, e.g. "config.json").
+  void file(const std::string& name, const std::string& text) const {
+    check(sink_->file(sink_->context, name.c_str(), text.c_str()));
+  }
+
+ private:
+  const keel_export_sink* sink_;
+};
+
+/// The name transformers' config.json uses for a dtype ("float32", "bfloat16", "float16").
+inline std::string transformers_dtype(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat:
+      return "float32";
+    case at::kBFloat16:
+      return "bfloat16";
+    case at::kHalf:
+      return "float16";
+    default:
+      throw Error(KEEL_ERROR_UNSUPPORTED, std::string("export: no transformers dtype for ") + c10::toString(dtype));
+  }
+}
+
+/// The error a model raises for an export format it does not know.
+inline Error unsupported_format(const std::string& model, const std::string& format, const std::string& known) {
+  return Error(KEEL_ERROR_UNSUPPORTED, model + " cannot export format '" + format + "'; it exports: " + known);
+}
+
 // ------------------------------------------------------------------ model adapters
 
 /// Base of a model part written in C++: declare parameters and buffers in the constructor.
@@ -294,6 +337,38 @@ class Part {
   ParamTable parameters_;
   ParamTable buffers_;
 };
+
+/// Checks that an export's `state` holds exactly the parameters and persistent buffers that
+/// `whole` declares (a part holding the whole model, e.g. built on the meta device), each with
+/// its global shape; throws naming the first FQN that is missing, unknown or misshapen.
+inline void check_export_state(Part& whole, const std::map<std::string, at::Tensor>& state) {
+  std::map<std::string, std::vector<int64_t>> expected;
+  auto collect = [&](ParamTable& table, bool persistent_only) {
+    for (const auto& d : table.decls()) {
+      if (persistent_only && (d->flags & KEEL_PARAM_PERSISTENT) == 0) continue;
+      std::vector<int64_t> shape = d->tensor.sizes().vec();
+      if (d->shard_dim >= 0) shape[static_cast<size_t>(d->shard_dim)] = d->global_dim_size;
+      expected.emplace(d->fqn, std::move(shape));
+    }
+  };
+  collect(whole.parameters(), false);
+  collect(whole.buffers(), true);
+  auto text = [](const std::vector<int64_t>& shape) {
+    std::string out = "[";
+    for (size_t i = 0; i < shape.size(); ++i) out += (i > 0 ? ", " : "") + std::to_string(shape[i]);
+    return out + "]";
+  };
+  for (const auto& [fqn, shape] : expected) {
+    auto it = state.find(fqn);
+    if (it == state.end()) throw Error(KEEL_ERROR_INVALID_ARGUMENT, "export: the state lacks '" + fqn + "'");
+    if (it->second.sizes().vec() != shape)
+      throw Error(KEEL_ERROR_INVALID_ARGUMENT, "export: '" + fqn + "' has shape " + text(it->second.sizes().vec()) +
+                                                   ", the model's config gives " + text(shape));
+  }
+  for (const auto& [fqn, value] : state)
+    if (expected.count(fqn) == 0)
+      throw Error(KEEL_ERROR_INVALID_ARGUMENT, "export: '" + fqn + "' is not a tensor of this model's config");
+}
 
 namespace detail {
 
@@ -341,6 +416,21 @@ struct ModelAdapter {
   static keel_status post_step(keel_model* m) {
     return guard(self(m).host().raw(), [&] { self(m).post_step(); });
   }
+  static keel_status export_state(keel_model* m, const char* format, const keel_named_tensor* const* state,
+                                  size_t count, const keel_export_sink* sink) {
+    return guard(self(m).host().raw(), [&] {
+      std::map<std::string, at::Tensor> tensors;
+      for (size_t i = 0; i < count; ++i) {
+        const keel_named_tensor* entry = state[i];
+        if (entry == nullptr || entry->name == nullptr || entry->tensor == nullptr)
+          throw Error(KEEL_ERROR_INVALID_ARGUMENT,
+                      "export_state: state entry #" + std::to_string(i) + " is incomplete");
+        tensors.emplace(entry->name, tensor(entry->tensor));
+      }
+      ExportSink out(sink);
+      self(m).export_state(format != nullptr ? format : "", tensors, out);
+    });
+  }
 };
 
 template <class C>
@@ -372,8 +462,11 @@ struct ClipperAdapter {
 /// The MODEL component of class M. M provides:
 ///   static std::unique_ptr<M> create(keel::Host, keel::Config&);
 ///   keel::Host host() const;  keel_model_info info();  keel::Part& build_part(const keel_part_spec&);
-/// and optionally post_init(), pre_clip(), post_step(); a hook M lacks is NULL in the vtable.
-/// `hook_flags` declares capture-safe hooks (KEEL_HOOK_*_CAPTURE_SAFE).
+/// and optionally post_init(), pre_clip(), post_step() and
+///   void export_state(const std::string& format, const std::map<std::string, at::Tensor>& state,
+///                     keel::ExportSink& sink);
+/// a hook M lacks is NULL in the vtable. `hook_flags` declares capture-safe hooks
+/// (KEEL_HOOK_*_CAPTURE_SAFE).
 template <class M>
 const keel_component* model_component(const char* name, const char* description, uint32_t hook_flags = 0) {
   using A = detail::ModelAdapter<M>;
@@ -392,6 +485,9 @@ const keel_component* model_component(const char* name, const char* description,
     if constexpr (requires(M & m) { m.pre_clip(); }) v.pre_clip = &A::pre_clip;
     if constexpr (requires(M & m) { m.post_step(); }) v.post_step = &A::post_step;
     v.hook_flags = hook_flags;
+    if constexpr (requires(M & m, const std::string& format, const std::map<std::string, at::Tensor>& state,
+                           ExportSink& sink) { m.export_state(format, state, sink); })
+      v.export_state = &A::export_state;
     return v;
   }();
   static const keel_component component{sizeof(keel_component), KEEL_COMPONENT_MODEL, name, description, &vtable};

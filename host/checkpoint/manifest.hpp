@@ -1,0 +1,49 @@
+// A checkpoint's manifest.json: what the checkpoint holds and where. Every entry (a logical
+// tensor under its canonical key: "model.<fqn>", "optim.exp_avg.<fqn>", "clipper.<name>.<x>")
+// records its dtype, global shape and shards; each shard names its file, its place in the
+// global tensor and the xxh64 of its bytes. The rest is the training state that is not a
+// tensor (step, data position) and the provenance (mesh, plugins, resolved config).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace keel {
+
+/// One shard of an entry: `shape` elements at `offsets` of the global tensor, in `file`.
+struct ShardRecord {
+  std::string file;
+  std::vector<int64_t> offsets, shape;
+  std::string xxh64;  ///< 16 hex digits of the shard's bytes
+};
+
+/// One logical tensor.
+struct EntryRecord {
+  std::string dtype;  ///< safetensors code: "F32", "I64", ...
+  std::vector<int64_t> shape;
+  std::vector<ShardRecord> shards;
+};
+
+struct Manifest {
+  static constexpr int kVersion = 1;
+  int64_t step = 0;
+  uint64_t data_position = 0;  ///< global samples consumed (the stream is split over dp)
+  int64_t tokens_seen = 0;
+  double lr = 0;  ///< the learning rate of the next step
+  int pp = 1, dp = 1, ep = 1;
+  std::string model_plugin, model_component, clipper_plugin, clipper_component;
+  std::string config;  ///< the resolved TOML of the run that saved it
+  std::map<std::string, EntryRecord> entries;
+};
+
+/// The manifest as JSON text.
+std::string manifest_json(const Manifest& manifest);
+/// Reads `dir`/manifest.json; an InputError names the file and what is wrong.
+Manifest read_manifest(const std::string& dir);
+
+/// The xxh64 of `size` bytes as 16 hex digits.
+std::string xxh64_hex(const void* data, size_t size);
+
+}  // namespace keel

@@ -1,0 +1,182 @@
+// keel-ckpt on checkpoints that keel-train wrote: ls, verify (and its refusal of a damaged
+// shard), diff within one run, across steps and across layouts, and export --keel.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/checkpoint_reader.hpp"
+#include "checkpoint/safetensors.hpp"
+#include "test_support.hpp"
+
+namespace keel {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The tiny DeepSeek-V3 with MTP, checkpoints at steps 2 and 4. A small learning rate keeps the
+// layouts' fp32 rounding differences (another reduction order) inside the diff tolerance.
+const char* kJob = R"([model]
+plugin = "deepseek_v3_mtp"
+flavor = "tiny"
+[clipper]
+plugin = "norm_clipper"
+max_norm = 1.0
+[training]
+steps = 4
+seq_len = 16
+global_batch = 8
+seed = 3
+threads = 1
+[parallelism]
+timeout_s = 60
+[optimizer]
+lr = 3e-4
+[checkpoint]
+interval = 2
+save_final = false
+)";
+
+#define EXPECT_HAS(text, part) EXPECT_NE((text).find(part), std::string::npos) << (text)
+
+std::string keel_ckpt(const std::string& args) { return test::bin_dir() + "/keel-ckpt " + args; }
+
+// Trains kJob on `ranks` processes; returns the run's checkpoint root.
+std::string train(const test::TempDir& dir, const std::string& name, int ranks, const std::string& sets = "") {
+  const std::string run_dir = dir / name;
+  test::write_file(dir / (name + ".toml"), kJob);
+  auto r =
+      test::run_command("timeout 300 " + test::source_dir() + "/tools/keel-launch --nproc " + std::to_string(ranks) +
+                        " -- " + test::bin_dir() + "/keel-train --plugin-path " + test::plugin_dir() + " --config " +
+                        (dir / (name + ".toml")) + " --set job.run_dir=\\\"" + run_dir + "\\\" " + sets);
+  EXPECT_EQ(r.status, 0) << r.output;
+  return run_dir + "/checkpoints";
+}
+
+class KeelCkpt : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new test::TempDir();
+    root_ = new std::string(train(*dir_, "single", 1));
+  }
+  static void TearDownTestSuite() {
+    delete root_;
+    delete dir_;
+  }
+  static std::string step(int n) { return *root_ + "/step-" + std::to_string(n); }
+
+  static test::TempDir* dir_;
+  static std::string* root_;
+};
+test::TempDir* KeelCkpt::dir_ = nullptr;
+std::string* KeelCkpt::root_ = nullptr;
+
+TEST_F(KeelCkpt, LsOfARootListsTheLatestCheckpointAndEveryEntry) {
+  auto r = test::run_command(keel_ckpt("ls " + *root_));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_HAS(r.output, "checkpoint  " + step(4));
+  EXPECT_HAS(r.output, "step        4 (tokens seen 512");
+  EXPECT_HAS(r.output, "data        position 32");
+  EXPECT_HAS(r.output, "mesh        pp 1 x dp 1, ep 1 (1 rank)");
+  EXPECT_HAS(r.output, "model       deepseek_v3_mtp (plugin deepseek_v3_mtp)");
+  EXPECT_HAS(r.output, "model.layers.1.moe.experts.w1  F32 [8, 32, 64]  1 shard: rank-00000.safetensors @ [0, 0, 0]");
+  const size_t entries = CheckpointReader(step(4)).manifest().entries.size();
+  size_t lines = 0;
+  for (size_t at = 0; (at = r.output.find(" shard", at)) != std::string::npos; ++at) ++lines;
+  EXPECT_EQ(lines, entries);
+}
+
+TEST_F(KeelCkpt, VerifyChecksEveryShard) {
+  auto r = test::run_command(keel_ckpt("verify " + step(2)));
+  ASSERT_EQ(r.status, 0) << r.output;
+  const size_t entries = CheckpointReader(step(2)).manifest().entries.size();
+  EXPECT_HAS(r.output,
+             "ok: " + std::to_string(entries) + " shards of " + std::to_string(entries) + " entries verified");
+}
+
+TEST_F(KeelCkpt, VerifyRefusesAFlippedDataByteNamingFileAndKey) {
+  test::TempDir copy;
+  const std::string damaged = copy / "step-2";
+  fs::copy(step(2), damaged, fs::copy_options::recursive);
+  const std::string file = damaged + "/rank-00000.safetensors", key = "model.norm.weight";
+  {
+    // One byte inside the tensor's data; the header stays valid.
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    uint64_t header_size = 0;
+    f.read(reinterpret_cast<char*>(&header_size), 8);
+    std::string header(header_size, '\0');
+    f.read(header.data(), static_cast<std::streamsize>(header_size));
+    const auto begin = nlohmann::json::parse(header).at(key).at("data_offsets").at(0).get<uint64_t>();
+    const auto at = static_cast<std::streamoff>(8 + header_size + begin + 2);
+    char byte = 0;
+    f.seekg(at);
+    f.read(&byte, 1);
+    byte = static_cast<char>(byte ^ 0x10);
+    f.seekp(at);
+    f.write(&byte, 1);
+  }
+  auto r = test::run_command(keel_ckpt("verify " + damaged));
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_HAS(r.output, "file rank-00000.safetensors, key '" + key + "': damaged");
+}
+
+TEST_F(KeelCkpt, DiffOfACheckpointWithItselfIsIdentical) {
+  auto r = test::run_command(keel_ckpt("diff " + step(2) + " " + step(2)));
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_HAS(r.output, "identical: ");
+}
+
+TEST_F(KeelCkpt, DiffOfTwoStepsNamesWhatDiffers) {
+  auto r = test::run_command(keel_ckpt("diff " + step(2) + " " + step(4)));
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_HAS(r.output, "differs    model.norm.weight  max |diff| ");
+  EXPECT_HAS(r.output, "differ: ");
+  EXPECT_EQ(r.output.find("rng.cpu.rank0"), std::string::npos) << r.output;
+}
+
+TEST_F(KeelCkpt, DiffAcrossLayoutsAgreesWithinTolerance) {
+  const std::string two = train(*dir_, "dp2_ep2", 2, "--set parallelism.dp=2 --set parallelism.ep=2");
+  auto layout = test::run_command(keel_ckpt("ls " + two + "/step-2"));
+  ASSERT_EQ(layout.status, 0) << layout.output;
+  ASSERT_NE(layout.output.find("mesh        pp 1 x dp 2, ep 2 (2 ranks)"), std::string::npos) << layout.output;
+  auto r =
+      test::run_command(keel_ckpt("diff " + step(2) + " " + two + "/step-2 --prefix model. --rtol 1e-5 --atol 1e-7"));
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_HAS(r.output, "identical: ");
+}
+
+TEST_F(KeelCkpt, ExportKeelWritesTheConsolidatedModelUnderCanonicalNames) {
+  test::TempDir out;
+  auto r = test::run_command(keel_ckpt("export --keel " + (out / "model.safetensors") + " " + step(2)));
+  ASSERT_EQ(r.status, 0) << r.output;
+  SafetensorsFile file = read_safetensors(out / "model.safetensors");
+  CheckpointReader reader(step(2));
+  size_t model_entries = 0;
+  for (const auto& [key, entry] : reader.manifest().entries) {
+    if (key.rfind("model.", 0) != 0) continue;
+    ++model_entries;
+    auto it = file.tensors.find(key.substr(6));
+    ASSERT_NE(it, file.tensors.end()) << key;
+    EXPECT_TRUE(at::equal(it->second, reader.read_whole(key))) << key;
+  }
+  EXPECT_EQ(file.tensors.size(), model_entries);
+  EXPECT_EQ(file.metadata.at("step"), "2");
+}
+
+TEST_F(KeelCkpt, BadInputExitsTwoNamingWhatIsWrong) {
+  auto missing = test::run_command(keel_ckpt("ls " + (dir_->path() + "/nowhere")));
+  EXPECT_EQ(missing.status, 2) << missing.output;
+  EXPECT_HAS(missing.output, dir_->path() + "/nowhere");
+  auto one = test::run_command(keel_ckpt("diff " + step(2)));
+  EXPECT_EQ(one.status, 2) << one.output;
+  auto neither = test::run_command(keel_ckpt("export " + step(2)));
+  EXPECT_EQ(neither.status, 2) << neither.output;
+  EXPECT_HAS(neither.output, "exactly one of --hf OUT and --keel");
+  auto unknown = test::run_command(keel_ckpt("frobnicate"));
+  EXPECT_EQ(unknown.status, 2) << unknown.output;
+}
+
+}  // namespace
+}  // namespace keel

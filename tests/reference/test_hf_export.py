@@ -1,0 +1,71 @@
+"""Hugging Face export of a trained checkpoint, checked against transformers, fp32.
+
+  test_hf_export.py CASE KEEL_BIN_DIR DUMP_TOOL CONFIG WORK_DIR
+
+Trains the tiny flavor of CASE (deepseek_v3 | llama3) for 2 steps with a checkpoint at step 2,
+exports that checkpoint with `keel-ckpt export --hf` and `keel-ckpt export --keel`, loads the
+first with transformers' AutoModelForCausalLM.from_pretrained (every tensor must be used and
+none missing), and compares its logits on a fixed batch with Keel's logits of the same weights
+(DUMP_TOOL weights=<the --keel file>). Tolerance: rtol 1e-5, atol 1e-6. Exits non-zero on a miss.
+"""
+import os
+import shutil
+import subprocess
+import sys
+
+import torch
+from safetensors.torch import load_file
+
+RTOL, ATOL = 1e-5, 1e-6
+torch.set_num_threads(1)
+
+
+def run(command):
+    result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if result.returncode != 0:
+        sys.exit(f"{' '.join(command)} failed ({result.returncode}):\n{result.stdout}")
+    return result.stdout
+
+
+def main():
+    case, bin_dir, dump_tool, config, work = sys.argv[1:6]
+    work = os.path.join(work, case)
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    run([os.path.join(bin_dir, "keel-train"), "--config", config, "--set", 'model.flavor="tiny"',
+         "--set", "training.steps=2", "--set", "checkpoint.interval=2", "--set", "training.seq_len=16",
+         "--set", "lr_scheduler.warmup_steps=1", "--set", f'job.run_dir="{os.path.join(work, "run")}"'])
+    checkpoints = os.path.join(work, "run", "checkpoints")
+    hf_dir, keel_file = os.path.join(work, "hf"), os.path.join(work, "keel.safetensors")
+    ckpt = os.path.join(bin_dir, "keel-ckpt")
+    print(run([ckpt, "export", "--hf", hf_dir, checkpoints]).strip())
+    run([ckpt, "export", "--keel", keel_file, checkpoints])
+    ours_file = os.path.join(work, "keel_logits.safetensors")
+    run([dump_tool, ours_file, "weights=" + keel_file, "seq=32"])
+    ours = load_file(ours_file)
+
+    from transformers import AutoModelForCausalLM
+
+    extra = {"experts_implementation": "eager"} if case == "deepseek_v3" else {}
+    model, info = AutoModelForCausalLM.from_pretrained(hf_dir, output_loading_info=True, attn_implementation="eager",
+                                                       **extra)
+    failures = [f"{kind}: {info[kind]}" for kind in ("missing_keys", "unexpected_keys", "mismatched_keys",
+                                                     "error_msgs") if info.get(kind)]
+    if model.dtype != torch.float32:
+        failures.append(f"loaded as {model.dtype}, expected float32")
+    model.eval()
+    with torch.no_grad():
+        theirs = model(input_ids=ours["tokens"]).logits
+    diff = (ours["logits"].double() - theirs.double()).abs()
+    excess = (diff - (ATOL + RTOL * theirs.double().abs())).max().item()
+    print(f"{case}: {type(model).__name__}, logits {tuple(theirs.shape)}, largest |diff| {diff.max().item():.3e}")
+    if excess > 0:
+        failures.append(f"logits: max |diff| {diff.max().item():.3e} exceeds atol {ATOL} + rtol {RTOL} * |ref|")
+    if failures:
+        print("\n".join(failures))
+        sys.exit(1)
+    print(f"{case}: the Hugging Face export matches Keel within rtol {RTOL} / atol {ATOL}")
+
+
+if __name__ == "__main__":
+    main()

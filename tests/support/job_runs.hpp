@@ -1,0 +1,93 @@
+// Runs keel-train jobs from tests: one or several ranks (keel-launch), a job file written from
+// text, `--set` overrides, and what the run left behind (loss curve, final state).
+#pragma once
+
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "checkpoint/safetensors.hpp"
+#include "test_support.hpp"
+
+namespace keel::test {
+
+/// The job the parallel and checkpoint suites share: the tiny DeepSeek-V3 with MTP (4 layers,
+/// so 4 stages fit), two microbatches, 10 steps, clipping that bites every step, every copy of
+/// every parameter checked after every step, the final state dumped. `checkpoint` holds extra
+/// lines of the [checkpoint] table.
+///
+/// Its lr: Adam divides each gradient element by its own running RMS, so the fp32 rounding of
+/// another reduction order (1e-7 relative in a gradient) becomes a relative error of the update
+/// where an element's gradient nearly cancels; parameter differences grow with lr x steps. At lr
+/// 3e-4 they stay inside rtol 1e-5 / atol 1e-7 (measured: at most 0.74 of it, DP4 EP4); at 3e-3
+/// they do not, for data parallelism alone as much as for any pipeline or expert layout.
+inline std::string tiny_deepseek_job(const std::string& checkpoint = "") {
+  return R"([model]
+plugin = "deepseek_v3_mtp"
+flavor = "tiny"
+n_layers = 4
+[clipper]
+max_norm = 0.05
+[training]
+steps = 10
+seq_len = 16
+global_batch = 8
+seed = 3
+threads = 1
+[parallelism]
+microbatches = 2
+timeout_s = 60
+[optimizer]
+lr = 3e-4
+[metrics]
+log_interval = 1
+[debug]
+replica_check_interval = 1
+dump_state = true
+[checkpoint]
+save_final = false
+)" + checkpoint;
+}
+
+/// What one run of a job left behind.
+struct JobRun {
+  std::string dir;  ///< its job.run_dir
+  CommandResult result;
+  double seconds = 0;
+  std::vector<int64_t> steps;  ///< the logged steps, in order
+  std::vector<double> loss, grad_norm;
+  std::map<std::string, at::Tensor> state;  ///< final/state.safetensors when debug.dump_state
+};
+
+/// Runs `job` (TOML text) on `ranks` local processes with run_dir <dir>/<name> and `sets`
+/// ("section.key=value") applied; reads its metrics.jsonl and final state when it succeeded.
+inline JobRun run_job(const TempDir& dir, const std::string& name, int ranks, const std::string& job,
+                      const std::vector<std::string>& sets) {
+  JobRun run;
+  run.dir = dir / name;
+  write_file(dir / (name + ".toml"), job);
+  std::string command = "timeout 300 " + source_dir() + "/tools/keel-launch --nproc " + std::to_string(ranks) + " -- " +
+                        bin_dir() + "/keel-train --plugin-path " + plugin_dir() + " --config " +
+                        (dir / (name + ".toml")) + " --set job.run_dir=\\\"" + run.dir + "\\\"";
+  for (const std::string& s : sets) command += " --set " + s;
+  auto start = std::chrono::steady_clock::now();
+  run.result = run_command(command);
+  run.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (run.result.status != 0) return run;
+  std::istringstream in(read_file(run.dir + "/metrics.jsonl"));
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    run.steps.push_back(j["step"]);
+    run.loss.push_back(j["loss"]);
+    run.grad_norm.push_back(j["grad_norm"]);
+  }
+  if (std::filesystem::exists(run.dir + "/final/state.safetensors"))
+    run.state = read_safetensors(run.dir + "/final/state.safetensors").tensors;
+  return run;
+}
+
+}  // namespace keel::test
