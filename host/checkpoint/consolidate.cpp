@@ -57,7 +57,8 @@ std::vector<std::pair<std::string, at::Tensor>> consolidate(const std::vector<Te
     // Sent in listed order; rank 0 receives rank by rank in the same order.
     std::vector<std::unique_ptr<Work>> sends;
     for (size_t i = 0; i < mine.size(); ++i)
-      sends.push_back(world.isend(mine[i].tensor.detach().contiguous(), 0, static_cast<int>(i)));
+      // On the CPU, where rank 0 receives (over Gloo, whatever the training device).
+      sends.push_back(world.isend(mine[i].tensor.detach().to(at::kCPU).contiguous(), 0, static_cast<int>(i)));
     for (auto& w : sends)
       if (w) w->wait();
     return {};

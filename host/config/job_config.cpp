@@ -79,7 +79,7 @@ JobConfig read_job_config(ConfigTree& tree, int world_size, bool cuda_available)
   c.training.global_batch = at_least(tr, "global_batch", 8, 1);
   int64_t seed = at_least(tr, "seed", 0, 0);
   c.training.seed = static_cast<uint64_t>(seed);
-  c.training.dtype = tr.choice("dtype", "fp32", {"fp32"});
+  c.training.dtype = tr.choice("dtype", "fp32", {"fp32", "bf16"});
   c.training.device = tr.choice("device", "cpu", {"auto", "cpu", "cuda"});
   if (c.training.device == "auto") c.training.device = cuda_available ? "cuda" : "cpu";
   if (c.training.device == "cuda" && !cuda_available)
@@ -106,11 +106,11 @@ JobConfig read_job_config(ConfigTree& tree, int world_size, bool cuda_available)
   c.optimizer.weight_decay = in_range(opt, "weight_decay", 0.1, 0.0, 1.0, false);
   c.optimizer.no_decay = opt.strings("no_decay", {"*norm*", "*bias"});
   c.optimizer.graph_capture = opt.choice("graph_capture", "auto", {"auto", "on", "off"});
-  if (c.optimizer.graph_capture == "on")
+  if (c.optimizer.graph_capture == "on" && c.training.device != "cuda")
     opt.invalid("graph_capture",
-                c.training.device == "cpu"
-                    ? "\"on\" needs training.device = \"cuda\"; CPU runs the step program eagerly (use \"auto\")"
-                    : "capture of the step program is not available in this version; use \"auto\" (eager)");
+                "\"on\" needs training.device = \"cuda\"; CPU runs the step program eagerly (use \"auto\")");
+  c.optimizer.graph_warmup = at_least(opt, "graph_warmup", 3, 1);
+  c.optimizer.graph_validate = at_least(opt, "graph_validate", 0, 0);
 
   ConfigSection lr = tree.section("lr_scheduler");
   c.lr_scheduler.warmup_steps = at_least(lr, "warmup_steps", 0, 0);

@@ -36,7 +36,7 @@ struct TrainingSection {
   int64_t seq_len = 0;
   int64_t global_batch = 0;
   uint64_t seed = 0;
-  std::string dtype = "fp32";
+  std::string dtype = "fp32";  ///< "fp32" | "bf16" (bf16 compute, fp32 master weights and optimizer)
   std::string device = "cpu";  ///< resolved: "cpu" or "cuda"
   int threads = 0;             ///< 0 = LibTorch's default
   bool flush_denormal = true;  ///< CPU: treat subnormal floats as zero (Adam's second moments
@@ -48,8 +48,10 @@ struct OptimizerSection {
   double beta1 = 0.9, beta2 = 0.95;
   double eps = 1e-8;
   double weight_decay = 0.1;
-  std::vector<std::string> no_decay;  ///< FQN globs excluded from weight decay
-  std::string graph_capture = "auto";
+  std::vector<std::string> no_decay;   ///< FQN globs excluded from weight decay
+  std::string graph_capture = "auto";  ///< "auto" | "on" | "off": the step program as a CUDA graph
+  int64_t graph_warmup = 3;            ///< eager steps before the capture
+  int64_t graph_validate = 0;          ///< replays also checked against an eager run, bitwise
 };
 
 struct LrSchedulerSection {

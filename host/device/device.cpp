@@ -4,6 +4,9 @@
 
 #include <string>
 
+#include "common/error.hpp"
+#include "common/text.hpp"
+
 #ifdef KEEL_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -20,8 +23,16 @@ bool cuda_available() {
 }
 
 at::Device resolve_device(const std::string& kind, int local_rank) {
-  if (kind == "cuda") return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
-  return at::Device(at::kCPU);
+  if (kind != "cuda") return at::Device(at::kCPU);
+#ifdef KEEL_WITH_CUDA
+  const int count = c10::cuda::device_count();
+  if (local_rank >= count)
+    throw InputError(cat("LOCAL_RANK=", local_rank, " but this node has ", count,
+                         " CUDA device(s): start at most one rank per GPU"));
+  // The current device too: streams, graphs and NCCL communicators follow it.
+  c10::cuda::set_device(static_cast<c10::DeviceIndex>(local_rank));
+#endif
+  return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
 }
 
 double peak_memory_bytes(const at::Device& device) {

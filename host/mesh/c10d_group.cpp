@@ -3,6 +3,9 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef KEEL_WITH_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 
 #include <algorithm>
 #include <cstdlib>
@@ -34,10 +37,13 @@ class C10dWork final : public Work {
   c10::intrusive_ptr<c10d::Work> work_;
 };
 
+// A group with Gloo for CPU tensors and, on CUDA jobs, NCCL for device tensors: each call goes
+// to the backend of its tensor's device (torch.distributed's "cpu:gloo,cuda:nccl").
 class C10dGroup final : public Group {
  public:
-  C10dGroup(c10::intrusive_ptr<c10d::Backend> backend, std::vector<int> members, int rank)
-      : backend_(std::move(backend)), members_(std::move(members)), rank_(rank) {}
+  C10dGroup(c10::intrusive_ptr<c10d::Backend> cpu, c10::intrusive_ptr<c10d::Backend> cuda, std::vector<int> members,
+            int rank)
+      : cpu_(std::move(cpu)), cuda_(std::move(cuda)), members_(std::move(members)), rank_(rank) {}
 
   int rank() const override { return rank_; }
   int size() const override { return static_cast<int>(members_.size()); }
@@ -47,7 +53,7 @@ class C10dGroup final : public Group {
     c10d::AllreduceOptions opts;
     opts.reduceOp = to_c10d(op);
     std::vector<at::Tensor> tensors{tensor};
-    backend_->allreduce(tensors, opts)->wait();
+    backend_for(tensor).allreduce(tensors, opts)->wait();
     if (op == KEEL_REDUCE_AVG) tensor.div_(size());
   }
   std::unique_ptr<Work> all_reduce_async(at::Tensor& tensor, keel_reduce_op op) override {
@@ -55,17 +61,17 @@ class C10dGroup final : public Group {
     c10d::AllreduceOptions opts;
     opts.reduceOp = to_c10d(op);
     std::vector<at::Tensor> tensors{tensor};
-    return std::make_unique<C10dWork>(backend_->allreduce(tensors, opts));
+    return std::make_unique<C10dWork>(backend_for(tensor).allreduce(tensors, opts));
   }
   void broadcast(at::Tensor& tensor, int root) override {
     c10d::BroadcastOptions opts;
     opts.rootRank = root;
     std::vector<at::Tensor> tensors{tensor};
-    backend_->broadcast(tensors, opts)->wait();
+    backend_for(tensor).broadcast(tensors, opts)->wait();
   }
   void all_gather(at::Tensor& output, const at::Tensor& input) override {
     at::Tensor in = input.contiguous();
-    backend_->all_gather_single(output, in)->wait();
+    backend_for(output).all_gather_single(output, in)->wait();
   }
   void reduce_scatter(at::Tensor& output, const at::Tensor& input, keel_reduce_op op) override {
     // Gloo has no reduce-scatter of one buffer: reduce the whole input, keep this member's slice.
@@ -77,28 +83,34 @@ class C10dGroup final : public Group {
                   const std::vector<int64_t>& input_splits) override {
     std::vector<int64_t> out_splits = output_splits, in_splits = input_splits;
     at::Tensor in = input.contiguous();
-    backend_->all_to_all_single(output, in, out_splits, in_splits)->wait();
+    backend_for(output).all_to_all_single(output, in, out_splits, in_splits)->wait();
   }
   void send(const at::Tensor& tensor, int peer, int tag) override {
     std::vector<at::Tensor> tensors{tensor.contiguous()};
-    backend_->send(tensors, peer, tag)->wait();
+    backend_for(tensor).send(tensors, peer, tag)->wait();
   }
   void recv(at::Tensor& tensor, int peer, int tag) override {
     std::vector<at::Tensor> tensors{tensor};
-    backend_->recv(tensors, peer, tag)->wait();
+    backend_for(tensor).recv(tensors, peer, tag)->wait();
   }
   std::unique_ptr<Work> isend(const at::Tensor& tensor, int peer, int tag) override {
     // The c10d work keeps the tensor alive until it completes.
     std::vector<at::Tensor> tensors{tensor.contiguous()};
-    return std::make_unique<C10dWork>(backend_->send(tensors, peer, tag));
+    return std::make_unique<C10dWork>(backend_for(tensor).send(tensors, peer, tag));
   }
   std::unique_ptr<Work> irecv(at::Tensor& tensor, int peer, int tag) override {
     std::vector<at::Tensor> tensors{tensor};
-    return std::make_unique<C10dWork>(backend_->recv(tensors, peer, tag));
+    return std::make_unique<C10dWork>(backend_for(tensor).recv(tensors, peer, tag));
   }
 
  private:
-  c10::intrusive_ptr<c10d::Backend> backend_;
+  c10d::Backend& backend_for(const at::Tensor& tensor) {
+    if (!tensor.is_cuda()) return *cpu_;
+    if (!cuda_) throw std::invalid_argument("a CUDA tensor on a group without NCCL (training.device is not \"cuda\")");
+    return *cuda_;
+  }
+
+  c10::intrusive_ptr<c10d::Backend> cpu_, cuda_;
   std::vector<int> members_;
   int rank_;
 };
@@ -161,9 +173,20 @@ std::unique_ptr<Group> C10dWorld::make_group(const std::string& name, const std:
     options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
   else
     options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-  auto backend =
-      c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, group_rank, static_cast<int>(members.size()), options);
-  return std::make_unique<C10dGroup>(backend, members, group_rank);
+  const int size = static_cast<int>(members.size());
+  auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, group_rank, size, options);
+  c10::intrusive_ptr<c10d::Backend> nccl;
+  if (impl_->rendezvous.nccl) {
+#ifdef KEEL_WITH_NCCL
+    auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+    nccl_options->timeout = impl_->rendezvous.timeout;
+    auto nccl_store = c10::make_intrusive<c10d::PrefixStore>("keel/" + name + "/nccl", impl_->store);
+    nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(nccl_store, group_rank, size, nccl_options);
+#else
+    throw std::runtime_error("this Keel was built without NCCL: a CUDA job of several ranks cannot run");
+#endif
+  }
+  return std::make_unique<C10dGroup>(gloo, nccl, members, group_rank);
 }
 
 }  // namespace keel

@@ -1,4 +1,5 @@
-// A mesh group on LibTorch's c10d: Gloo on CPU (NCCL arrives with the CUDA path). Groups meet
+// A mesh group on LibTorch's c10d: Gloo for CPU tensors and, on CUDA jobs, NCCL for device
+// tensors. Groups meet
 // through one TCPStore per job, each under its own prefix, so only members construct a group.
 #pragma once
 
@@ -18,6 +19,7 @@ struct Rendezvous {
   int rank = 0;
   int world_size = 1;
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  bool nccl = false;  ///< also NCCL for CUDA tensors (CPU tensors always use Gloo)
 
   /// Reads MASTER_ADDR / MASTER_PORT (defaults above) for `rank` of `world_size`.
   static Rendezvous from_environment(int rank, int world_size, std::chrono::milliseconds timeout);
@@ -32,8 +34,8 @@ class C10dWorld {
   C10dWorld(const C10dWorld&) = delete;
   C10dWorld& operator=(const C10dWorld&) = delete;
 
-  /// A Gloo group of the sorted world ranks `members` (this rank must be one), named `name`
-  /// (the same on every member).
+  /// A group of the sorted world ranks `members` (this rank must be one), named `name` (the same
+  /// on every member): Gloo, plus NCCL when the rendezvous asks for it.
   std::unique_ptr<Group> make_group(const std::string& name, const std::vector<int>& members);
 
  private:

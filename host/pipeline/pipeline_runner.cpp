@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "common/text.hpp"
+#include "device/autocast.hpp"
 
 namespace keel {
 
@@ -21,11 +22,12 @@ int gradient_tag(int microbatch) { return 2 * microbatch + 1; }
 }  // namespace
 
 PipelineRunner::PipelineRunner(ModelPart& part, Group& pp, const std::string& schedule, int microbatches,
-                               int64_t hidden_size, at::ScalarType activation_dtype, at::Device device)
+                               int64_t hidden_size, at::ScalarType compute_dtype, at::Device device)
     : part_(part),
       pp_(pp),
       hidden_size_(hidden_size),
-      activation_options_(at::TensorOptions().dtype(activation_dtype).device(device)),
+      activation_options_(at::TensorOptions().dtype(at::kFloat).device(device)),
+      compute_dtype_(compute_dtype),
       device_(device),
       stage_(part.spec().stage_index),
       stages_(part.spec().num_stages) {
@@ -65,12 +67,17 @@ at::Tensor PipelineRunner::run(const std::vector<at::Tensor>& tokens, const std:
       if (!first) f.input = receive(shape, stage_ - 1, activation_tag(mb)).requires_grad_(true);
       at::Tensor t = tokens[static_cast<size_t>(mb)].to(device_), l = labels[static_cast<size_t>(mb)].to(device_);
       const Clock::time_point busy = Clock::now();
-      f.output = part_.forward(t, l, first ? nullptr : &f.input, mb, microbatches);
+      {
+        AutocastScope autocast(device_, compute_dtype_);
+        f.output = part_.forward(t, l, first ? nullptr : &f.input, mb, microbatches);
+      }
       timing_.busy_seconds += seconds_since(busy);
       if (last) {
         loss_total.add_(f.output.detach());
         continue;
       }
+      // The stream between stages is fp32 whatever a part computes in (a differentiable cast).
+      if (f.output.is_floating_point() && f.output.scalar_type() != at::kFloat) f.output = f.output.to(at::kFloat);
       if (f.output.sizes() != at::IntArrayRef(shape) || f.output.scalar_type() != activation_options_.dtype())
         throw std::runtime_error(cat("pipeline: stage ", stage_, " produced an activation of shape ", f.output.sizes(),
                                      " and dtype ", f.output.scalar_type(), "; the next stage expects ",

@@ -23,10 +23,12 @@ struct ScheduleTiming {
 
 class PipelineRunner {
  public:
-  /// `part` is this rank's stage; activations between stages are [batch, seq, hidden_size] of
-  /// `activation_dtype` on `device`. Throws std::invalid_argument on an unknown schedule.
+  /// `part` is this rank's stage; activations between stages are [batch, seq, hidden_size] fp32
+  /// on `device` (the residual stream, whatever the compute dtype); forward passes run under
+  /// autocast to `compute_dtype` unless it is fp32. Throws std::invalid_argument on an unknown
+  /// schedule.
   PipelineRunner(ModelPart& part, Group& pp, const std::string& schedule, int microbatches, int64_t hidden_size,
-                 at::ScalarType activation_dtype, at::Device device);
+                 at::ScalarType compute_dtype, at::Device device);
 
   /// Runs forward and backward of every microbatch (`tokens` / `labels`: one [batch, seq] CPU
   /// tensor each per microbatch). The last stage divides each microbatch's loss sum by
@@ -46,6 +48,7 @@ class PipelineRunner {
   std::vector<PipelineAction> actions_;
   int64_t hidden_size_;
   at::TensorOptions activation_options_;
+  at::ScalarType compute_dtype_;
   at::Device device_;
   int stage_, stages_;
   ScheduleTiming timing_;

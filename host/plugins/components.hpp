@@ -101,6 +101,8 @@ class Model {
   const keel_model_vtable& vtable() const { return vtable_; }
   /// The host context the model reports to.
   HostContext& context() { return context_; }
+  /// "model <component> (<plugin>)", for messages.
+  const std::string& label() const { return context_.label(); }
 
  private:
   keel_model_vtable vtable_{};
@@ -127,6 +129,8 @@ class Clipper {
   std::vector<std::pair<std::string, at::Tensor*>> state();
   /// The vtable (zero-extended to this host's size).
   const keel_clipper_vtable& vtable() const { return vtable_; }
+  /// "clipper <component> (<plugin>)", for messages.
+  const std::string& label() const { return context_.label(); }
 
  private:
   keel_clipper_vtable vtable_{};

@@ -85,7 +85,11 @@ Job::Job(const RunOptions& options, bool meta, int offline_rank) : tree_(load_tr
   } catch (const std::invalid_argument& e) {
     ConfigSection(tree_, "parallelism").invalid(explicit_split ? "layers_per_stage" : "pp", e.what());
   }
-  if (distributed) mesh_->connect(Rendezvous::from_environment(rank, world, std::chrono::seconds(par.timeout_s)));
+  if (distributed) {
+    Rendezvous rendezvous = Rendezvous::from_environment(rank, world, std::chrono::seconds(par.timeout_s));
+    rendezvous.nccl = device_.is_cuda();
+    mesh_->connect(rendezvous);
+  }
   keel_part_spec spec{};
   spec.struct_size = sizeof(spec);
   spec.stage_index = mesh_->layout().pp_index;
@@ -95,7 +99,7 @@ Job::Job(const RunOptions& options, bool meta, int offline_rank) : tree_(load_tr
   spec.device_type = device_.is_meta() ? KEEL_DEVICE_META : device_.is_cuda() ? KEEL_DEVICE_CUDA : KEEL_DEVICE_CPU;
   spec.device_index = device_.has_index() ? device_.index() : 0;
   spec.param_dtype = KEEL_DTYPE_FP32;
-  spec.compute_dtype = KEEL_DTYPE_FP32;
+  spec.compute_dtype = config_.training.dtype == "bf16" ? KEEL_DTYPE_BF16 : KEEL_DTYPE_FP32;
   parts_.push_back(&model_->build_part(spec));
 }
 

@@ -92,13 +92,19 @@ Trainer::Trainer(Job& job) : job_(job) {
   schedule_ = std::make_unique<LrSchedule>(c.optimizer.lr, c.lr_scheduler.warmup_steps, c.training.steps,
                                            c.lr_scheduler.decay, c.lr_scheduler.min_lr_ratio);
   lr_ = at::full({}, schedule_->at(1), at::TensorOptions().dtype(at::kFloat).device(job.device()));
+  CaptureDecision capture =
+      decide_capture(c.optimizer.graph_capture, job.device().is_cuda(), step_hooks(job.model(), job.clipper()));
+  if (job.mesh().layout().rank == 0 && (job.device().is_cuda() || c.optimizer.graph_capture != "auto"))
+    log_info(cat("step program: ", capture.capture ? "CUDA graph" : "eager", " (", capture.reason, ")"));
+  program_ = std::make_unique<StepProgram>(job.model(), job.clipper(), *optimizer_, param_infos_, lr_, capture,
+                                           c.optimizer.graph_warmup, c.optimizer.graph_validate);
   source_ = open_source(job);
   const MeshLayout& mesh = job.mesh().layout();
   stream_ =
       std::make_unique<BatchStream>(*source_, c.training.seq_len, c.training.global_batch, mesh.dp, mesh.dp_index);
-  runner_ = std::make_unique<PipelineRunner>(*job.parts().front(), job.mesh().group(KEEL_GROUP_PP),
-                                             c.parallelism.schedule, c.parallelism.microbatches,
-                                             job.model().info().hidden_size, at::kFloat, job.device());
+  runner_ = std::make_unique<PipelineRunner>(
+      *job.parts().front(), job.mesh().group(KEEL_GROUP_PP), c.parallelism.schedule, c.parallelism.microbatches,
+      job.model().info().hidden_size, c.training.dtype == "bf16" ? at::kBFloat16 : at::kFloat, job.device());
   if (loaded_) {
     if (!c.checkpoint.load_model_only) load_training_state(*loaded_);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
@@ -141,10 +147,15 @@ double Trainer::step(int64_t step, bool read_loss) {
   if (job_.mesh().layout().pp > 1 && read_loss) report_pipeline_bubble();
 
   grads_->reduce();
-  job_.model().pre_clip();
-  at::Tensor norm = job_.clipper().clip(param_infos_);
-  at::Tensor found_inf = norm.isfinite().logical_not().to(at::kFloat);
-  optimizer_->step(lr_, found_inf);
+  if (time_program_) synchronize(job_.device());
+  const auto program_start = std::chrono::steady_clock::now();
+  program_->run();  // pre_clip -> clip -> non-finite guard -> AdamW, eager or replayed
+  if (time_program_) {
+    synchronize(job_.device());
+    program_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - program_start).count();
+  }
+  const at::Tensor& norm = program_->total_norm();
+  const at::Tensor& found_inf = program_->found_inf();
   job_.model().post_step();
   lr_.fill_(schedule_->at(step + 1));
   if (c.debug.replica_check_interval > 0 && step % c.debug.replica_check_interval == 0) {

@@ -1,6 +1,7 @@
 // The training loop of one rank, in DESIGN's step order:
 //   schedule (forward/backward over microbatches and pipeline stages) -> DP gradient reduction
-//   -> model.pre_clip -> clipper.clip -> non-finite check -> AdamW -> model.post_step
+//   -> the step program (model.pre_clip -> clipper.clip -> non-finite check -> AdamW; a CUDA
+//   graph on CUDA) -> model.post_step
 //   -> LR update -> replica guard -> metrics -> (final) weights.
 #pragma once
 
@@ -20,6 +21,7 @@
 #include "metrics/metrics_log.hpp"
 #include "optim/adamw.hpp"
 #include "optim/lr_schedule.hpp"
+#include "optim/step_program.hpp"
 #include "pipeline/pipeline_runner.hpp"
 #include "train/job.hpp"
 
@@ -58,6 +60,13 @@ class Trainer {
   double last_grad_norm() const { return last_norm_.item<double>(); }
   /// The optimizer (for tests and checkpoints).
   const AdamW& optimizer() const { return *optimizer_; }
+  /// With `on`, every step waits for the device around the step program and times it (for
+  /// benchmarks; it adds two synchronisations per step).
+  void time_step_program(bool on) { time_program_ = on; }
+  /// The step program's duration in the last step, when timed.
+  double step_program_seconds() const { return program_seconds_; }
+  /// Whether the step program now replays a captured CUDA graph.
+  bool step_program_captured() const { return program_->captured(); }
   /// The pipeline schedule's timing of the last step on this rank.
   const ScheduleTiming& schedule_timing() const { return runner_->timing(); }
   /// Writes the logical parameters and persistent buffers, consolidated on rank 0, to `path`
@@ -83,9 +92,12 @@ class Trainer {
   std::unique_ptr<BatchStream> stream_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<LrSchedule> schedule_;
+  std::unique_ptr<StepProgram> program_;
   at::Tensor lr_;
   at::Tensor last_norm_, last_found_inf_, last_loss_;
   int64_t replica_checks_ = 0;
+  bool time_program_ = false;
+  double program_seconds_ = 0;
   int64_t start_step_ = 0;
   std::unique_ptr<CheckpointWriter> checkpoints_;
   std::unique_ptr<CheckpointReader> loaded_;

@@ -160,7 +160,8 @@ at::Tensor Moe::routed(const at::Tensor& x, const at::Tensor& indices, const at:
     at::Tensor recv_counts = at::empty_like(send_counts);  // [source rank, local expert]
     const std::vector<int64_t> ones(static_cast<size_t>(p.ep), 1);
     host.all_to_all(p.group, recv_counts, send_counts, ones, ones);
-    at::Tensor send_splits = send_counts.sum(1), recv_splits = recv_counts.sum(1);
+    // Split sizes are host numbers: one read of the device per layer and direction.
+    at::Tensor send_splits = send_counts.sum(1).cpu(), recv_splits = recv_counts.sum(1).cpu();
     std::vector<int64_t> input_splits(send_splits.data_ptr<int64_t>(), send_splits.data_ptr<int64_t>() + p.ep);
     std::vector<int64_t> output_splits(recv_splits.data_ptr<int64_t>(), recv_splits.data_ptr<int64_t>() + p.ep);
     at::Tensor arrived = keel::autograd::all_to_all(host, p.group, rows, output_splits, input_splits);

@@ -52,6 +52,9 @@ if(NOT KEEL_WITH_CUDA STREQUAL "OFF" AND EXISTS "${KEEL_TORCH_ROOT}/lib/libtorch
   if(KEEL_CUDA_INCLUDE_DIR)
     set(KEEL_TORCH_CUDA ON)
   endif()
+  # NCCL's header, for c10d's ProcessGroupNCCL (the library itself comes with libtorch_cuda).
+  find_path(KEEL_NCCL_INCLUDE_DIR nccl.h HINTS "${_keel_site}/nvidia/nccl/include" ENV CUDA_HOME
+            PATH_SUFFIXES include NO_DEFAULT_PATH)
 endif()
 if(KEEL_WITH_CUDA STREQUAL "ON" AND NOT KEEL_TORCH_CUDA)
   message(FATAL_ERROR "Keel: KEEL_WITH_CUDA=ON, but ${KEEL_TORCH_ROOT} has no libtorch_cuda.so or no CUDA "
@@ -75,6 +78,13 @@ if(KEEL_TORCH_CUDA)
   # --no-as-needed: libtorch_cuda registers the CUDA backend from its static initialisers.
   list(APPEND _keel_torch_libs "-Wl,--no-as-needed" "${KEEL_TORCH_ROOT}/lib/libtorch_cuda.so"
        "${KEEL_TORCH_ROOT}/lib/libc10_cuda.so" "-Wl,--as-needed")
+  # LibTorch's inline CUDA helpers (streams, events, graphs) call the CUDA runtime directly:
+  # link the very libcudart libtorch_cuda loads (the wheel's), never a toolkit's second one.
+  file(GLOB _keel_wheel_cudart "${_keel_site}/nvidia/*/lib/libcudart.so*")
+  if(_keel_wheel_cudart)
+    list(GET _keel_wheel_cudart 0 _keel_wheel_cudart)
+    list(APPEND _keel_torch_libs "${_keel_wheel_cudart}")
+  endif()
 endif()
 set_target_properties(Keel::torch PROPERTIES
   INTERFACE_LINK_LIBRARIES "${_keel_torch_libs}"

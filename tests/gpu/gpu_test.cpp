@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "common/error.hpp"
 #include "device/device.hpp"
 #include "test_support.hpp"
 #include "train/job.hpp"
@@ -11,29 +12,94 @@
 namespace keel {
 namespace {
 
-TEST(Gpu, TinyLlamaTrainsOnCudaAndTracksTheCpuRun) {
-  if (!cuda_available()) GTEST_SKIP() << "no CUDA device visible to LibTorch";
+#define SKIP_WITHOUT_GPU() \
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device visible to LibTorch"
+
+struct GpuRun {
+  std::vector<double> losses;
+  std::vector<at::Tensor> params;
+  bool captured = false;
+};
+
+// Trains `steps` steps of `job` in this process with `overrides`.
+GpuRun train(const std::string& job, const std::vector<std::string>& overrides, int steps) {
   test::TempDir dir;
-  test::write_file(dir / "job.toml",
-                   "[model]\nplugin = \"llama3\"\nflavor = \"tiny\"\n[training]\nsteps = 20\nseq_len = 32\n"
-                   "global_batch = 8\n[metrics]\njsonl = false\n[checkpoint]\nsave_final = false\n");
-  std::vector<double> losses[2];
-  const char* devices[2] = {"cpu", "cuda"};
-  for (int d = 0; d < 2; ++d) {
-    RunOptions options;
-    options.config_path = dir / "job.toml";
-    options.plugin_dirs = {test::plugin_dir()};
-    options.overrides = {std::string("training.device=") + devices[d], "job.run_dir=\"" + (dir / "run") + "\""};
-    Job job(options, false);
-    Trainer trainer(job);
-    for (int s = 1; s <= 20; ++s) losses[d].push_back(trainer.step(s, true));
-    if (d == 1) {
-      EXPECT_TRUE(trainer.optimizer().params()[0].param.is_cuda());
-    }
+  test::write_file(dir / "job.toml", job);
+  RunOptions options;
+  options.config_path = dir / "job.toml";
+  options.plugin_dirs = {test::plugin_dir(), test::test_plugin_dir()};
+  options.overrides = overrides;
+  options.overrides.push_back("job.run_dir=\"" + (dir / "run") + "\"");
+  Job j(options, false);
+  Trainer trainer(j);
+  GpuRun run;
+  for (int s = 1; s <= steps; ++s) run.losses.push_back(trainer.step(s, true));
+  for (const OptimParam& p : trainer.optimizer().params()) run.params.push_back(p.param.detach().cpu());
+  run.captured = trainer.step_program_captured();
+  return run;
+}
+
+const char* kLlama =
+    "[model]\nplugin = \"llama3\"\nflavor = \"tiny\"\n[training]\nsteps = 20\nseq_len = 32\n"
+    "global_batch = 8\n[metrics]\njsonl = false\n[checkpoint]\nsave_final = false\n";
+
+const char* kDeepSeekDebug =
+    "[model]\nplugin = \"deepseek_v3_mtp\"\nflavor = \"debug\"\n[clipper]\nmax_norm = 0.5\n"
+    "[training]\nsteps = 20\nseq_len = 64\nglobal_batch = 8\ndevice = \"cuda\"\n"
+    "[metrics]\njsonl = false\n[checkpoint]\nsave_final = false\n";
+
+TEST(Gpu, TinyLlamaTrainsOnCudaAndTracksTheCpuRun) {
+  SKIP_WITHOUT_GPU();
+  GpuRun cpu = train(kLlama, {"training.device=cpu"}, 20), cuda = train(kLlama, {"training.device=cuda"}, 20);
+  EXPECT_TRUE(cuda.params[0].defined());
+  EXPECT_LT(cuda.losses.back(), cuda.losses.front());
+  for (size_t s = 0; s < cpu.losses.size(); ++s)
+    EXPECT_NEAR(cuda.losses[s], cpu.losses[s], 2e-3 * cpu.losses[s]) << "step " << s + 1;
+}
+
+TEST(Gpu, CapturedStepProgramIsBitwiseTheEagerOneOver20Steps) {
+  SKIP_WITHOUT_GPU();
+  GpuRun eager = train(kDeepSeekDebug, {"optimizer.graph_capture=off"}, 20);
+  GpuRun captured = train(kDeepSeekDebug, {"optimizer.graph_capture=on", "optimizer.graph_warmup=3"}, 20);
+  EXPECT_FALSE(eager.captured);
+  EXPECT_TRUE(captured.captured);
+  EXPECT_EQ(captured.losses, eager.losses);
+  ASSERT_EQ(captured.params.size(), eager.params.size());
+  for (size_t i = 0; i < eager.params.size(); ++i) EXPECT_TRUE(at::equal(captured.params[i], eager.params[i])) << i;
+}
+
+TEST(Gpu, GraphValidateComparesReplaysWithTheEagerProgram) {
+  SKIP_WITHOUT_GPU();
+  // A difference would throw out of step(); five validated replays pass.
+  GpuRun run = train(kDeepSeekDebug, {"optimizer.graph_capture=on", "optimizer.graph_validate=5"}, 10);
+  EXPECT_TRUE(run.captured);
+  EXPECT_LT(run.losses.back(), run.losses.front());
+}
+
+TEST(Gpu, AHookNotDeclaredCaptureSafeIsRefusedNamingIt) {
+  SKIP_WITHOUT_GPU();
+  try {
+    train(
+        kLlama,
+        {"training.device=cuda", "optimizer.graph_capture=on", "clipper.plugin=faulty", "clipper.component=host_sync"},
+        1);
+    FAIL() << "capture with a clipper that is not capture-safe was accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("clipper host_sync (faulty) does not declare clip() capture-safe"),
+              std::string::npos)
+        << e.what();
   }
-  EXPECT_LT(losses[1].back(), losses[1].front());
-  for (size_t s = 0; s < losses[0].size(); ++s)
-    EXPECT_NEAR(losses[1][s], losses[0][s], 2e-3 * losses[0][s]) << "step " << s + 1;
+  // "auto" falls back to the eager program and trains.
+  GpuRun run = train(kLlama, {"training.device=cuda", "clipper.plugin=faulty", "clipper.component=host_sync"}, 3);
+  EXPECT_FALSE(run.captured);
+}
+
+TEST(Gpu, Bf16TrainsAndTracksFp32) {
+  SKIP_WITHOUT_GPU();
+  GpuRun fp32 = train(kDeepSeekDebug, {}, 20), bf16 = train(kDeepSeekDebug, {"training.dtype=bf16"}, 20);
+  EXPECT_LT(bf16.losses.back(), bf16.losses.front() - 0.5);
+  EXPECT_NEAR(bf16.losses.back(), fp32.losses.back(), 0.02 * fp32.losses.back());
+  for (const at::Tensor& p : bf16.params) EXPECT_EQ(p.scalar_type(), at::kFloat);
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 // keel-bench-step: times whole training steps (forward, backward, clip, AdamW) of a job after
-// warm-up and prints the median, the spread and the peak memory.
+// warm-up and prints the median, the spread, the step program's own median (pre_clip, clip,
+// AdamW: eager or a replayed CUDA graph), tokens/s, the activated parameters per token and the
+// peak memory.
 //   keel-bench-step --config FILE [--plugin-path DIR] [--warmup N] [--steps N] [--set k=v]...
 #include <algorithm>
 #include <chrono>
@@ -9,6 +11,7 @@
 
 #include "common/error.hpp"
 #include "device/device.hpp"
+#include "train/dry_run.hpp"
 #include "train/job.hpp"
 #include "train/trainer.hpp"
 
@@ -39,17 +42,28 @@ int main(int argc, char** argv) {
     options.overrides.push_back("lr_scheduler.warmup_steps=1");
     keel::Job job(options, false);
     keel::Trainer trainer(job);
-    std::vector<double> times;
+    trainer.time_step_program(true);
+    std::vector<double> times, program;
     for (int s = 1; s <= warmup + steps; ++s) {
       auto start = std::chrono::steady_clock::now();
       trainer.step(s, /*read_loss=*/true);  // reading the loss waits for the step to finish
       double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-      if (s > warmup) times.push_back(ms);
+      if (s > warmup) {
+        times.push_back(ms);
+        program.push_back(trainer.step_program_seconds() * 1e3);
+      }
     }
     std::sort(times.begin(), times.end());
+    std::sort(program.begin(), program.end());
+    const keel::TrainingSection& t = job.config().training;
+    const double tokens = static_cast<double>(t.global_batch * t.seq_len);
     std::printf("keel step: median %.1f ms, min %.1f ms, max %.1f ms over %d steps; peak memory %.0f MiB\n",
                 times[times.size() / 2], times.front(), times.back(), steps,
                 keel::peak_memory_bytes(job.device()) / (1024.0 * 1024.0));
+    std::printf("step program (%s): median %.2f ms\n", trainer.step_program_captured() ? "CUDA graph" : "eager",
+                program[program.size() / 2]);
+    std::printf("tokens/s %.0f; activated parameters per token %.0f\n", tokens / (times[times.size() / 2] / 1e3),
+                keel::count_parameters(job)[""].activated);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "keel-bench-step: %s\n", e.what());

@@ -1,0 +1,152 @@
+#include "optim/step_program.hpp"
+
+#include <stdexcept>
+
+#include "common/error.hpp"
+#include "common/log.hpp"
+#include "common/text.hpp"
+
+#ifdef KEEL_WITH_CUDA
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace keel {
+
+std::vector<StepHook> step_hooks(const Model& model, const Clipper& clipper) {
+  std::vector<StepHook> hooks;
+  if (model.vtable().pre_clip != nullptr)
+    hooks.push_back({model.label(), "pre_clip", (model.vtable().hook_flags & KEEL_HOOK_PRE_CLIP_CAPTURE_SAFE) != 0});
+  hooks.push_back({clipper.label(), "clip", (clipper.vtable().hook_flags & KEEL_HOOK_CLIP_CAPTURE_SAFE) != 0});
+  return hooks;
+}
+
+CaptureDecision decide_capture(const std::string& policy, bool cuda, const std::vector<StepHook>& hooks) {
+  if (policy == "off") return {false, "optimizer.graph_capture = \"off\""};
+  if (!cuda) {
+    if (policy == "on") throw InputError("optimizer.graph_capture = \"on\" needs training.device = \"cuda\"");
+    return {false, "CUDA graphs need a CUDA device; the CPU runs the step program eagerly"};
+  }
+  std::vector<std::string> unsafe;
+  for (const StepHook& h : hooks)
+    if (!h.capture_safe)
+      unsafe.push_back(cat(h.owner, " does not declare ", h.hook, "() capture-safe (KEEL_HOOK_",
+                           h.hook == "clip" ? "CLIP" : "PRE_CLIP", "_CAPTURE_SAFE)"));
+  if (unsafe.empty()) return {true, "every hook of the step program is capture-safe"};
+  std::string why = join(unsafe, "; ");
+  if (policy == "on") throw InputError(cat("optimizer.graph_capture = \"on\" is refused: ", why));
+  return {false, cat("optimizer.graph_capture = \"auto\" runs the step program eagerly: ", why)};
+}
+
+// The captured graph and the side stream it was captured on.
+struct StepProgram::Graph {
+#ifdef KEEL_WITH_CUDA
+  at::cuda::CUDAGraph graph;
+#endif
+};
+
+StepProgram::StepProgram(Model& model, Clipper& clipper, AdamW& optimizer, std::vector<const keel_param_info*> params,
+                         at::Tensor lr, CaptureDecision decision, int64_t warmup, int64_t validate)
+    : model_(model),
+      clipper_(clipper),
+      optimizer_(optimizer),
+      params_(std::move(params)),
+      lr_(std::move(lr)),
+      decision_(std::move(decision)),
+      warmup_(warmup),
+      validate_(validate) {}
+
+StepProgram::~StepProgram() = default;
+
+StepProgram::Result StepProgram::eager() {
+  model_.pre_clip();
+  Result r;
+  r.norm = clipper_.clip(params_);
+  // The guard: a non-finite norm skips the update on the device (no host branch).
+  r.found_inf = r.norm.isfinite().logical_not().to(at::kFloat);
+  optimizer_.step(lr_, r.found_inf);
+  return r;
+}
+
+void StepProgram::run() {
+  if (!decision_.capture || runs_ < warmup_) {
+    Result r = eager();
+    norm_ = r.norm;
+    found_inf_ = r.found_inf;
+    ++runs_;
+    return;
+  }
+  if (!graph_) capture();
+  if (replays_ < validate_)
+    replay_validated();
+  else {
+#ifdef KEEL_WITH_CUDA
+    graph_->graph.replay();
+#endif
+  }
+  ++replays_;
+  ++runs_;
+}
+
+void StepProgram::capture() {
+#ifdef KEEL_WITH_CUDA
+  // Capture records without running: the step of the capture is then run by its first replay.
+  const c10::DeviceIndex device = lr_.device().index();
+  c10::cuda::device_synchronize();
+  graph_ = std::make_unique<Graph>();
+  {
+    c10::cuda::CUDAStreamGuard side(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device));
+    graph_->graph.capture_begin();
+    Result r = eager();
+    graph_->graph.capture_end();
+    // The outputs live in the graph's memory pool: every replay rewrites them in place.
+    norm_ = r.norm;
+    found_inf_ = r.found_inf;
+  }
+  c10::cuda::device_synchronize();
+  log_info(cat("step program captured as a CUDA graph after ", runs_, " eager step(s): ", decision_.reason));
+#else
+  throw std::logic_error("step program capture needs a build with CUDA");
+#endif
+}
+
+void StepProgram::replay_validated() {
+#ifdef KEEL_WITH_CUDA
+  // Everything the program writes, by name: parameters, gradients (pre_clip and clip write
+  // them), AdamW's state and the clipper's state.
+  std::vector<std::pair<std::string, at::Tensor>> state;
+  for (size_t i = 0; i < optimizer_.params().size(); ++i) {
+    const std::string& fqn = optimizer_.params()[i].fqn;
+    const at::Tensor& p = optimizer_.params()[i].param;
+    state.emplace_back("param " + fqn, p.detach());
+    state.emplace_back("grad " + fqn, p.grad());
+    state.emplace_back("exp_avg " + fqn, optimizer_.exp_avg()[i]);
+    state.emplace_back("exp_avg_sq " + fqn, optimizer_.exp_avg_sq()[i]);
+    state.emplace_back("step " + fqn, optimizer_.steps()[i]);
+  }
+  for (const auto& [name, tensor] : clipper_.state()) state.emplace_back("clipper " + name, *tensor);
+  std::vector<at::Tensor> before, replayed;
+  for (const auto& [name, t] : state) before.push_back(t.clone());
+  graph_->graph.replay();
+  for (const auto& [name, t] : state) replayed.push_back(t.clone());
+  at::Tensor replayed_norm = norm_.clone(), replayed_found = found_inf_.clone();
+  for (size_t i = 0; i < state.size(); ++i) state[i].second.copy_(before[i]);
+  Result r = eager();
+  auto differs = [&](const std::string& name) {
+    throw std::runtime_error(cat("optimizer.graph_validate: replay ", replays_ + 1,
+                                 " differs from the eager step program in ", name,
+                                 "; the captured graph is not trustworthy (run with graph_capture = \"off\")"));
+  };
+  for (size_t i = 0; i < state.size(); ++i)
+    if (!at::equal(state[i].second, replayed[i])) differs(state[i].first);
+  if (!at::equal(r.norm, replayed_norm)) differs("the total norm");
+  if (!at::equal(r.found_inf, replayed_found)) differs("the non-finite flag");
+  norm_.copy_(r.norm);
+  found_inf_.copy_(r.found_inf);
+  log_info(cat("optimizer.graph_validate: replay ", replays_ + 1, " equals the eager step program bitwise"));
+#endif
+}
+
+}  // namespace keel

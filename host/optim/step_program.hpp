@@ -1,0 +1,82 @@
+// The step program: model.pre_clip -> clipper.clip -> the non-finite guard -> AdamW, the part
+// of a step that runs after the gradients are reduced. On CUDA the host captures it once as a
+// CUDA graph, after `warmup` eager steps, on a side stream, and replays it every step: the
+// gradients keep their storage, the learning rate and step counts are device tensors written
+// before the replay, the guard skips the update on the device, and the host reads the norm and
+// the skip flag only when it logs. Capture needs every hook in the program declared
+// capture-safe by its plugin (KEEL_HOOK_*_CAPTURE_SAFE).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "optim/adamw.hpp"
+#include "plugins/components.hpp"
+
+namespace keel {
+
+/// A hook of the step program and what its plugin declares.
+struct StepHook {
+  std::string owner;  ///< "model deepseek_v3_mtp (deepseek_v3_mtp)"
+  std::string hook;   ///< "pre_clip", "clip"
+  bool capture_safe = false;
+};
+
+/// The step program's hooks that exist (a NULL pre_clip is not part of it).
+std::vector<StepHook> step_hooks(const Model& model, const Clipper& clipper);
+
+/// Whether the step program is captured, and why (for the log).
+struct CaptureDecision {
+  bool capture = false;
+  std::string reason;
+};
+
+/// graph_capture "off", or a CPU device: eager. "on": capture, or an InputError naming every
+/// hook that is not capture-safe and its plugin. "auto": capture on CUDA when every hook is
+/// capture-safe; otherwise eager, the reason naming the hooks.
+CaptureDecision decide_capture(const std::string& policy, bool cuda, const std::vector<StepHook>& hooks);
+
+class StepProgram {
+ public:
+  /// The program over `params` (clip order) with learning rate `lr` (a 0-dim device tensor the
+  /// caller updates before each run). With `decision.capture`, the first `warmup` runs are
+  /// eager, then the program is captured and replayed; the first `validate` replays are each
+  /// checked against the eager program bitwise.
+  StepProgram(Model& model, Clipper& clipper, AdamW& optimizer, std::vector<const keel_param_info*> params,
+              at::Tensor lr, CaptureDecision decision, int64_t warmup, int64_t validate);
+  ~StepProgram();
+
+  /// Runs this step's program. [collective: world]
+  void run();
+  /// The step's total gradient norm (a 0-dim fp32 device tensor; read it before the next run).
+  const at::Tensor& total_norm() const { return norm_; }
+  /// 1.0 when the step's update was skipped (non-finite gradients), else 0.0 (device).
+  const at::Tensor& found_inf() const { return found_inf_; }
+  /// Whether runs now replay a captured graph.
+  bool captured() const { return graph_ != nullptr; }
+
+ private:
+  struct Result {
+    at::Tensor norm, found_inf;
+  };
+  Result eager();
+  void capture();
+  void replay_validated();
+
+  Model& model_;
+  Clipper& clipper_;
+  AdamW& optimizer_;
+  std::vector<const keel_param_info*> params_;
+  at::Tensor lr_;
+  CaptureDecision decision_;
+  int64_t warmup_, validate_;
+  int64_t runs_ = 0, replays_ = 0;
+  at::Tensor norm_, found_inf_;
+  struct Graph;
+  std::unique_ptr<Graph> graph_;
+};
+
+}  // namespace keel
