@@ -38,7 +38,7 @@ set(KEEL_TORCH_VERSION "${_major}.${_minor}.${CMAKE_MATCH_1}")
 
 # CUDA: compiled whenever this LibTorch has it (AUTO), headers from the wheel's CUDA packages
 # or a toolkit; nothing from the toolkit is linked.
-if(NOT KEEL_WITH_CUDA)
+if(NOT DEFINED KEEL_WITH_CUDA OR KEEL_WITH_CUDA STREQUAL "")  # "OFF" is a value, not unset
   set(KEEL_WITH_CUDA AUTO)
 endif()
 set(KEEL_TORCH_CUDA OFF)
