@@ -197,12 +197,6 @@ MappedSafetensors::~MappedSafetensors() {
   if (map_ != nullptr) ::munmap(map_, size_);
 }
 
-std::vector<std::string> MappedSafetensors::keys() const {
-  std::vector<std::string> out;
-  for (const auto& [name, e] : entries_) out.push_back(name);
-  return out;
-}
-
 const MappedSafetensors::Entry& MappedSafetensors::entry(const std::string& key) const {
   auto it = entries_.find(key);
   if (it == entries_.end()) throw InputError(cat(path_, ": no tensor '", key, "'"));

@@ -36,8 +36,6 @@ class MappedSafetensors {
 
   /// Whether the file holds `key`.
   bool has(const std::string& key) const { return entries_.count(key) != 0; }
-  /// The names of the tensors, sorted.
-  std::vector<std::string> keys() const;
   /// A CPU tensor viewing `key`'s bytes in the mapping (valid while this object lives).
   at::Tensor view(const std::string& key) const;
   /// The raw bytes of `key`.

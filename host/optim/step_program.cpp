@@ -40,7 +40,7 @@ CaptureDecision decide_capture(const std::string& policy, bool cuda, const std::
   return {false, cat("optimizer.graph_capture = \"auto\" runs the step program eagerly: ", why)};
 }
 
-// The captured graph and the side stream it was captured on.
+// The captured graph (empty in builds without CUDA, which never capture).
 struct StepProgram::Graph {
 #ifdef KEEL_WITH_CUDA
   at::cuda::CUDAGraph graph;

@@ -37,8 +37,6 @@ class PipelineRunner {
   at::Tensor run(const std::vector<at::Tensor>& tokens, const std::vector<at::Tensor>& labels, double loss_divisor);
   /// The timing of the last run().
   const ScheduleTiming& timing() const { return timing_; }
-  /// This stage's actions, in order.
-  const std::vector<PipelineAction>& actions() const { return actions_; }
 
  private:
   at::Tensor receive(const std::vector<int64_t>& shape, int peer, int tag);

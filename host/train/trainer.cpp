@@ -72,8 +72,8 @@ Trainer::Trainer(Job& job) : job_(job) {
     for (const std::string& problem :
          all_gather_bytes(job.mesh().group(KEEL_GROUP_WORLD), loaded_->verify_share(mesh.rank, mesh.world())))
       if (!problem.empty()) throw InputError(problem);
+    load_model_state(*loaded_);
   }
-  if (loaded_) load_model_state(*loaded_);
   job.model().post_init();
   if (c.debug.perturb_replicas == "after_post_init")
     log_warn(cat("debug.perturb_replicas: perturbed ", perturb_replicas(params_), " replica(s) after post_init"));
@@ -115,12 +115,12 @@ Trainer::Trainer(Job& job) : job_(job) {
                       static_cast<double>(loaded_->bytes_read()) / 1e6 / std::max(seconds, 1e-9)));
     loaded_.reset();  // unmaps the files
   }
-  // Checkpoint I/O gets a group of its own (every rank): a background save's collectives
-  // never interleave with the training's.
-  std::vector<int> everyone;
-  for (int r = 0; r < job.mesh().layout().world(); ++r) everyone.push_back(r);
-  Group* io_group = job.mesh().new_group(everyone);
   if (c.checkpoint.interval > 0) {
+    // Checkpoint I/O gets a group of its own (every rank): a background save's collectives
+    // never interleave with the training's.
+    std::vector<int> everyone;
+    for (int r = 0; r < job.mesh().layout().world(); ++r) everyone.push_back(r);
+    Group* io_group = job.mesh().new_group(everyone);
     checkpoints_ =
         std::make_unique<CheckpointWriter>(c.checkpoint.dir, *io_group, c.checkpoint.keep_latest, c.checkpoint.async);
     if (c.debug.crash_in_checkpoint > 0 && job.mesh().layout().rank == job.mesh().layout().world() - 1)
@@ -203,26 +203,16 @@ bool Trainer::writes(const ParamRef& p) const {
 }
 
 void Trainer::save_weights(const std::string& path, int64_t step, bool with_optimizer) const {
+  // The checkpoint's pieces under the file's names: "model.<fqn>" as the bare FQN, AdamW's
+  // state kept when asked for; clipper and random state are a checkpoint's business only.
   std::vector<TensorPiece> pieces;
-  auto add = [&](const std::string& key, const ParamRef& p, const at::Tensor& t) {
-    pieces.push_back({key, t, p.shard_dim, p.shard_offset, p.global_dim_size});
-  };
-  for (ModelPart* part : job_.parts()) {
-    for (const ParamRef& p : part->parameters())
-      if (writes(p)) add(p.fqn, p, *p.tensor);
-    for (const ParamRef& b : part->buffers())
-      if (b.persistent() && writes(b)) add(b.fqn, b, *b.tensor);
+  for (TensorPiece& piece : checkpoint_pieces()) {
+    if (piece.key.rfind("model.", 0) == 0)
+      piece.key.erase(0, 6);
+    else if (!with_optimizer || piece.key.rfind("optim.", 0) != 0)
+      continue;
+    pieces.push_back(std::move(piece));
   }
-  if (with_optimizer)
-    for (size_t i = 0; i < params_.size(); ++i) {
-      const ParamRef& p = params_[i];
-      if (!writes(p)) continue;
-      add("optim.exp_avg." + p.fqn, p, optimizer_->exp_avg()[i]);
-      add("optim.exp_avg_sq." + p.fqn, p, optimizer_->exp_avg_sq()[i]);
-      // A step count per shard: the same on every shard, so only the first one is kept.
-      if (p.shard_dim < 0 || p.shard_offset == 0)
-        pieces.push_back({"optim.step." + p.fqn, optimizer_->steps()[i], -1, 0, 0});
-    }
   std::vector<std::pair<std::string, at::Tensor>> whole = consolidate(pieces, job_.mesh().group(KEEL_GROUP_WORLD));
   if (job_.mesh().layout().rank != 0) return;
   fs::create_directories(fs::path(path).parent_path());

@@ -51,8 +51,6 @@ class Trainer {
   RunSummary run();
   /// Runs one step; returns its loss when `read_loss` (otherwise 0, avoiding a device sync).
   double step(int64_t step, bool read_loss);
-  /// The step the run starts after (the loaded checkpoint's, else 0).
-  int64_t start_step() const { return start_step_; }
   /// Saves a checkpoint of the state after `step` (asynchronously with checkpoint.async).
   /// [collective: world]
   void save_checkpoint(int64_t step);
@@ -67,11 +65,9 @@ class Trainer {
   double step_program_seconds() const { return program_seconds_; }
   /// Whether the step program now replays a captured CUDA graph.
   bool step_program_captured() const { return program_->captured(); }
-  /// The pipeline schedule's timing of the last step on this rank.
-  const ScheduleTiming& schedule_timing() const { return runner_->timing(); }
-  /// Writes the logical parameters and persistent buffers, consolidated on rank 0, to `path`
-  /// as safetensors; with `with_optimizer` also AdamW's moments and step counts
-  /// ("optim.exp_avg.<fqn>", ...). [collective: world]
+  /// Writes the logical parameters and persistent buffers (under their FQNs), consolidated on
+  /// rank 0, to `path` as safetensors; with `with_optimizer` also AdamW's moments and step
+  /// counts ("optim.exp_avg.<fqn>", ...). [collective: world]
   void save_weights(const std::string& path, int64_t step, bool with_optimizer = false) const;
 
  private:

@@ -143,11 +143,11 @@ at::Tensor Moe::forward(const at::Tensor& x) {
 // travel by differentiable all-to-all: split sizes first (the counts each rank sends to each
 // of another's experts), then the rows, then the results back with the splits swapped.
 at::Tensor Moe::routed(const at::Tensor& x, const at::Tensor& indices, const at::Tensor& weights) const {
-  const int64_t n = x.size(0), k = indices.size(1), e = args_.n_routed_experts;
+  const int64_t k = indices.size(1), e = args_.n_routed_experts;
   at::Tensor flat_expert = indices.flatten();
   at::Tensor order = at::argsort(flat_expert, /*stable=*/true);
   at::Tensor sorted_expert = flat_expert.index_select(0, order);
-  at::Tensor sorted_token = at::arange(n, indices.options()).repeat_interleave(k).index_select(0, order);
+  at::Tensor sorted_token = at::div(order, k, "floor");  // pair i is (token i / k, choice i % k)
   at::Tensor sorted_weight = weights.flatten().index_select(0, order);
   at::Tensor rows = x.index_select(0, sorted_token);
   at::Tensor results;
