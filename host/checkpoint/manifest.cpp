@@ -20,6 +20,7 @@ std::string manifest_json(const Manifest& m) {
   j["format"] = "keel-checkpoint";
   j["version"] = Manifest::kVersion;
   j["step"] = m.step;
+  j["run_id"] = m.run_id;
   j["data_position"] = m.data_position;
   j["tokens_seen"] = m.tokens_seen;
   j["lr"] = m.lr;
@@ -51,6 +52,7 @@ Manifest read_manifest(const std::string& dir) {
       throw InputError(cat(path, ": manifest version ", j.at("version").get<int>(), ", this Keel reads version ",
                            Manifest::kVersion));
     m.step = j.at("step").get<int64_t>();
+    m.run_id = j.value("run_id", std::string());  // absent in checkpoints of older versions
     m.data_position = j.at("data_position").get<uint64_t>();
     m.tokens_seen = j.at("tokens_seen").get<int64_t>();
     m.lr = j.at("lr").get<double>();

@@ -29,6 +29,7 @@ struct EntryRecord {
 struct Manifest {
   static constexpr int kVersion = 1;
   int64_t step = 0;
+  std::string run_id;  ///< the run that saved it (a fresh id per run started without `load`)
   uint64_t data_position = 0;  ///< global samples consumed (the stream is split over dp)
   int64_t tokens_seen = 0;
   double lr = 0;  ///< the learning rate of the next step
