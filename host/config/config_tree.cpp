@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <sstream>
 
 #include "common/error.hpp"
 #include "common/text.hpp"
+#include "config/toml_depth.hpp"
 
 namespace keel {
 
@@ -63,33 +66,40 @@ std::string short_text(const toml::value& value) {
   return text;
 }
 
-toml::value parse_text(const std::string& text, const std::string& name) {
+// Every TOML text Keel parses (a job file, a --set value, a manifest's config) comes through
+// here: the nesting is bounded before toml11, which recurses, sees it.
+toml::value parse_text(const std::string& text, const std::string& name, const std::string& what) {
+  check_toml_depth(text, name);
   std::istringstream stream(text);
   try {
     return toml::parse(stream, name);
   } catch (const toml::exception& e) {
-    throw InputError(cat("cannot parse ", name, ":\n", e.what()));
+    throw InputError(cat("cannot parse ", what, name, ":\n", e.what()));
   }
+}
+
+// An override as messages name it: "--set a.b=value", its value cut short.
+std::string set_origin(const std::string& assignment) {
+  const size_t limit = 80;
+  return "--set " + (assignment.size() <= limit ? assignment : assignment.substr(0, limit) + "...");
 }
 
 }  // namespace
 
 ConfigTree ConfigTree::from_file(const std::string& path) {
-  try {
-    return ConfigTree(toml::parse(path), path);
-  } catch (const toml::exception& e) {
-    throw InputError(cat("cannot parse config ", path, ":\n", e.what()));
-  } catch (const std::runtime_error& e) {
-    throw InputError(cat("cannot read config ", path, ": ", e.what()));
-  }
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  if (in) text << in.rdbuf();
+  if (!in || in.bad()) throw InputError(cat("cannot read config ", path, ": ", std::strerror(errno)));
+  return ConfigTree(parse_text(text.str(), path, "config "), path);
 }
 
 ConfigTree ConfigTree::from_string(const std::string& text, const std::string& name) {
-  return ConfigTree(parse_text(text, name), name);
+  return ConfigTree(parse_text(text, name, ""), name);
 }
 
 void ConfigTree::set(const std::string& assignment) {
-  const std::string origin = "--set " + assignment;
+  const std::string origin = set_origin(assignment);
   size_t eq = assignment.find('=');
   if (eq == std::string::npos || eq == 0) throw InputError(cat(origin, ": expected section.key=value"));
   std::string dotted = assignment.substr(0, eq);
@@ -100,6 +110,7 @@ void ConfigTree::set(const std::string& assignment) {
     throw InputError(cat(origin, ": the key must be section.key, got '", dotted, "'"));
 
   toml::value parsed;
+  check_toml_depth("v = " + text, origin);
   try {
     std::istringstream stream("v = " + text);
     parsed = toml::find(toml::parse(stream, origin), "v");
@@ -230,8 +241,18 @@ int64_t ConfigSection::integer(const std::string& key, int64_t fallback) const {
   if (value != nullptr) {
     if (!value->is_integer()) wrong_type(key, *value, "an integer");
     result = value->as_integer();
+    // toml11 (3.7) saturates a literal beyond int64 to its limits without a word.
+    if (result == std::numeric_limits<int64_t>::max() || result == std::numeric_limits<int64_t>::min())
+      invalid(key, "is beyond the range of a 64-bit integer");
   }
   tree_->record(name_, key, toml::value(result));
+  return result;
+}
+
+int64_t ConfigSection::integer(const std::string& key, int64_t fallback, int64_t lo, int64_t hi) const {
+  const int64_t result = integer(key, fallback);
+  if (result < lo) invalid(key, cat("must be at least ", lo, ", got ", result));
+  if (result > hi) invalid(key, cat("must be in [", lo, ", ", hi, "], got ", result));
   return result;
 }
 
@@ -245,6 +266,10 @@ double ConfigSection::real(const std::string& key, double fallback) const {
       result = value->as_floating();
     else
       wrong_type(key, *value, "a number");
+    // No setting means infinity or nan. toml11 (3.7) reads a literal beyond double's range
+    // (1e309) as the largest double without a word: that value is taken as the overflow it is.
+    if (!std::isfinite(result) || std::abs(result) == std::numeric_limits<double>::max())
+      invalid(key, cat("must be a finite number within double's range, got ", short_text(*value)));
   }
   tree_->record(name_, key, toml::value(result));
   return result;

@@ -2,7 +2,9 @@
 // and error messages that name the key and its position ("job.toml:12: training.steps: ...").
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <set>
 #include <string>
@@ -60,7 +62,19 @@ class ConfigSection {
 
   /// The integer at `key`, or `fallback`.
   int64_t integer(const std::string& key, int64_t fallback) const;
-  /// The number at `key` (an integer is accepted), or `fallback`.
+  /// The integer at `key`, or `fallback`; outside [lo, hi] is an InputError naming the range.
+  int64_t integer(const std::string& key, int64_t fallback, int64_t lo, int64_t hi) const;
+  /// The integer at `key` as a T, within [lo, hi] and T's own range: never narrowed silently.
+  template <class T>
+  T integer_as(const std::string& key, T fallback, int64_t lo, int64_t hi = std::numeric_limits<int64_t>::max()) const {
+    if (std::in_range<int64_t>(std::numeric_limits<T>::min()))
+      lo = std::max(lo, static_cast<int64_t>(std::numeric_limits<T>::min()));
+    if (std::in_range<int64_t>(std::numeric_limits<T>::max()))
+      hi = std::min(hi, static_cast<int64_t>(std::numeric_limits<T>::max()));
+    return static_cast<T>(integer(key, static_cast<int64_t>(fallback), lo, hi));
+  }
+  /// The finite number at `key` (an integer is accepted), or `fallback`; nan and inf (and
+  /// literals beyond double's range, such as 1e309) are refused naming the key.
   double real(const std::string& key, double fallback) const;
   /// The boolean at `key`, or `fallback`.
   bool boolean(const std::string& key, bool fallback) const;

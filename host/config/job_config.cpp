@@ -1,6 +1,7 @@
 #include "config/job_config.hpp"
 
 #include <cmath>
+#include <limits>
 #include <regex>
 
 #include "common/text.hpp"
@@ -10,10 +11,21 @@ namespace keel {
 namespace {
 
 int64_t at_least(const ConfigSection& s, const std::string& key, int64_t fallback, int64_t minimum) {
-  int64_t value = s.integer(key, fallback);
-  if (value < minimum) s.invalid(key, cat("must be at least ", minimum, ", got ", value));
-  return value;
+  return s.integer(key, fallback, minimum, std::numeric_limits<int64_t>::max());
 }
+
+// Upper bounds that keep the arithmetic built on these keys exact: world sizes, token counts
+// (global_batch x seq_len) and byte sizes (grad_bucket_mb << 20) stay far inside int64, and
+// timeouts inside a millisecond count of int32.
+constexpr int64_t kMaxRanksPerDim = int64_t{1} << 16;
+constexpr int64_t kMaxMicrobatches = int64_t{1} << 20;
+constexpr int64_t kMaxTimeoutSeconds = 7 * 24 * 3600;
+constexpr int64_t kMaxBucketMb = int64_t{1} << 20;
+constexpr int64_t kMaxSteps = int64_t{1} << 40;
+constexpr int64_t kMaxSeqLen = int64_t{1} << 24;
+constexpr int64_t kMaxGlobalBatch = int64_t{1} << 24;
+constexpr int64_t kMaxThreads = 4096;
+constexpr int64_t kMaxLayersPerStage = int64_t{1} << 20;
 
 double in_range(const ConfigSection& s, const std::string& key, double fallback, double lo, double hi, bool hi_open) {
   double value = s.real(key, fallback);
@@ -54,29 +66,33 @@ JobConfig read_job_config(ConfigTree& tree, int world_size, bool cuda_available)
   c.clipper = read_choice(tree, "clipper", "norm_clipper");
 
   ConfigSection par = tree.section("parallelism");
-  c.parallelism.pp = static_cast<int>(at_least(par, "pp", 1, 1));
-  c.parallelism.dp = static_cast<int>(at_least(par, "dp", 1, 1));
-  c.parallelism.ep = static_cast<int>(at_least(par, "ep", 1, 1));
+  c.parallelism.pp = par.integer_as<int>("pp", 1, 1, kMaxRanksPerDim);
+  c.parallelism.dp = par.integer_as<int>("dp", 1, 1, kMaxRanksPerDim);
+  c.parallelism.ep = par.integer_as<int>("ep", 1, 1, kMaxRanksPerDim);
   c.parallelism.schedule = par.choice("schedule", "1f1b", {"1f1b", "gpipe"});
-  c.parallelism.microbatches = static_cast<int>(at_least(par, "microbatches", 1, 1));
-  c.parallelism.timeout_s = static_cast<int>(at_least(par, "timeout_s", 300, 1));
-  c.parallelism.grad_bucket_mb = at_least(par, "grad_bucket_mb", 25, 0);
+  c.parallelism.microbatches = par.integer_as<int>("microbatches", 1, 1, kMaxMicrobatches);
+  c.parallelism.timeout_s = par.integer_as<int>("timeout_s", 300, 1, kMaxTimeoutSeconds);
+  c.parallelism.grad_bucket_mb = par.integer("grad_bucket_mb", 25, 0, kMaxBucketMb);
   c.parallelism.layers_per_stage = par.integers("layers_per_stage", {});
+  for (int64_t layers : c.parallelism.layers_per_stage)
+    if (layers < 0 || layers > kMaxLayersPerStage)
+      par.invalid("layers_per_stage", cat("each count must be in [0, ", kMaxLayersPerStage, "], got ", layers));
   if (!c.parallelism.layers_per_stage.empty() &&
       c.parallelism.layers_per_stage.size() != static_cast<size_t>(c.parallelism.pp))
     par.invalid("layers_per_stage",
                 cat("lists ", c.parallelism.layers_per_stage.size(), " stage(s), but pp = ", c.parallelism.pp));
-  if (world_size > 0 && c.parallelism.pp * c.parallelism.dp != world_size)
+  const int64_t layout_ranks = int64_t{c.parallelism.pp} * c.parallelism.dp;
+  if (world_size > 0 && layout_ranks != world_size)
     par.invalid(c.parallelism.dp != 1 || !par.has("pp") ? "dp" : "pp",
-                cat("pp x dp = ", c.parallelism.pp, " x ", c.parallelism.dp, " = ", c.parallelism.pp * c.parallelism.dp,
-                    ", but the job runs ", world_size, " rank(s) (WORLD_SIZE)"));
+                cat("pp x dp = ", c.parallelism.pp, " x ", c.parallelism.dp, " = ", layout_ranks, ", but the job runs ",
+                    world_size, " rank(s) (WORLD_SIZE)"));
   if (c.parallelism.dp % c.parallelism.ep != 0)
     par.invalid("ep", cat("ep must divide dp; ep = ", c.parallelism.ep, ", dp = ", c.parallelism.dp));
 
   ConfigSection tr = tree.section("training");
-  c.training.steps = at_least(tr, "steps", 100, 1);
-  c.training.seq_len = at_least(tr, "seq_len", 128, 1);
-  c.training.global_batch = at_least(tr, "global_batch", 8, 1);
+  c.training.steps = tr.integer("steps", 100, 1, kMaxSteps);
+  c.training.seq_len = tr.integer("seq_len", 128, 1, kMaxSeqLen);
+  c.training.global_batch = tr.integer("global_batch", 8, 1, kMaxGlobalBatch);
   int64_t seed = at_least(tr, "seed", 0, 0);
   c.training.seed = static_cast<uint64_t>(seed);
   c.training.dtype = tr.choice("dtype", "fp32", {"fp32", "bf16"});
@@ -84,7 +100,7 @@ JobConfig read_job_config(ConfigTree& tree, int world_size, bool cuda_available)
   if (c.training.device == "auto") c.training.device = cuda_available ? "cuda" : "cpu";
   if (c.training.device == "cuda" && !cuda_available)
     tr.invalid("device", "'cuda' was asked for, but this LibTorch sees no CUDA device (use \"auto\" or \"cpu\")");
-  c.training.threads = static_cast<int>(at_least(tr, "threads", 0, 0));
+  c.training.threads = tr.integer_as<int>("threads", 0, 0, kMaxThreads);
   c.training.flush_denormal = tr.boolean("flush_denormal", true);
   int64_t ranks_per_step = int64_t{c.parallelism.dp} * c.parallelism.microbatches;
   if (c.training.global_batch % ranks_per_step != 0)
@@ -153,6 +169,9 @@ JobConfig read_job_config(ConfigTree& tree, int world_size, bool cuda_available)
   c.debug.perturb_replicas = dbg.choice("perturb_replicas", "none", {"none", "before_post_init", "after_post_init"});
   c.debug.dump_state = dbg.boolean("dump_state", false);
   c.debug.crash_in_checkpoint = at_least(dbg, "crash_in_checkpoint", 0, 0);
+  c.debug.nan_grad_step = at_least(dbg, "nan_grad_step", 0, 0);
+  c.debug.nan_grad_rank = dbg.integer("nan_grad_rank", 0, 0, kMaxRanksPerDim * kMaxRanksPerDim - 1);
+  c.debug.nan_grad_param = dbg.string("nan_grad_param", "*");
   return c;
 }
 

@@ -87,6 +87,9 @@ struct DebugSection {
   std::string perturb_replicas = "none";  ///< fault injection: "none" | "before_post_init" | "after_post_init"
   bool dump_state = false;                ///< write final/state.safetensors (parameters, buffers, optimizer)
   int64_t crash_in_checkpoint = 0;        ///< fault injection: the last rank dies while saving this step
+  int64_t nan_grad_step = 0;              ///< fault injection: a NaN gradient at this step (0 = never) ...
+  int64_t nan_grad_rank = 0;              ///< ... on this rank ...
+  std::string nan_grad_param = "*";       ///< ... in the first parameter whose FQN matches this glob
 };
 
 /// Every host-owned setting of a job.

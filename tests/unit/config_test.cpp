@@ -109,6 +109,46 @@ INSTANTIATE_TEST_SUITE_P(
              "expected a boolean"},
         Case{"min_lr_ratio_out_of_range", kModel + "[lr_scheduler]\nmin_lr_ratio = 2.0\n", "job.toml:4",
              "lr_scheduler.min_lr_ratio", "must be in [0, 1]"},
+        Case{"threads_beyond_int", kModel + "[training]\nthreads = 4294967298\n", "job.toml:4", "training.threads",
+             "must be in [0, 4096], got 4294967298"},
+        Case{"pp_beyond_int", kModel + "[parallelism]\npp = 4294967297\n", "job.toml:4", "parallelism.pp",
+             "must be in [1, 65536], got 4294967297"},
+        Case{"dp_beyond_int", kModel + "[parallelism]\ndp = 4294967297\n", "job.toml:4", "parallelism.dp",
+             "must be in [1, 65536]"},
+        Case{"ep_beyond_int", kModel + "[parallelism]\nep = -4294967295\n", "job.toml:4", "parallelism.ep",
+             "must be at least 1"},
+        Case{"seed_beyond_int64", kModel + "[training]\nseed = 99999999999999999999\n", "job.toml:4", "training.seed",
+             "beyond the range of a 64-bit integer"},
+        Case{"microbatches_beyond_int", kModel + "[parallelism]\nmicrobatches = 4294967298\n", "job.toml:4",
+             "parallelism.microbatches", "must be in [1, 1048576]"},
+        Case{"timeout_beyond_int", kModel + "[parallelism]\ntimeout_s = 4294967596\n", "job.toml:4",
+             "parallelism.timeout_s", "must be in [1, 604800]"},
+        Case{"bucket_size_overflows_bytes", kModel + "[parallelism]\ngrad_bucket_mb = 9007199254740992\n", "job.toml:4",
+             "parallelism.grad_bucket_mb", "must be in [0, 1048576]"},
+        Case{"tokens_per_step_overflow", kModel + "[training]\nseq_len = 4611686018427387904\n", "job.toml:4",
+             "training.seq_len", "must be in [1, 16777216]"},
+        Case{"global_batch_overflow", kModel + "[training]\nglobal_batch = 4611686018427387904\n", "job.toml:4",
+             "training.global_batch", "must be in [1, 16777216]"},
+        Case{"steps_overflow", kModel + "[training]\nsteps = 2199023255552\n", "job.toml:4", "training.steps",
+             "must be in [1, 1099511627776]"},
+        Case{"stage_counts_overflow", kModel + "[parallelism]\nlayers_per_stage = [4611686018427387904]\n",
+             "job.toml:4", "parallelism.layers_per_stage", "each count must be in [0, 1048576]"},
+        Case{"lr_beyond_double", kModel + "[optimizer]\nlr = 1e309\n", "job.toml:4", "optimizer.lr",
+             "must be a finite number"},
+        Case{"lr_nan", kModel + "[optimizer]\nlr = nan\n", "job.toml:4", "optimizer.lr", "must be a finite number"},
+        Case{"eps_inf", kModel + "[optimizer]\neps = inf\n", "job.toml:4", "optimizer.eps", "must be a finite number"},
+        Case{"override_lr_beyond_double",
+             kModel,
+             "--set optimizer.lr=1e309",
+             "optimizer.lr",
+             "must be a finite number",
+             {"optimizer.lr=1e309"}},
+        Case{"override_threads_beyond_int",
+             kModel,
+             "--set training.threads=4294967298",
+             "training.threads",
+             "must be in [0, 4096]",
+             {"training.threads=4294967298"}},
         Case{"override_wrong_type",
              kModel,
              "--set training.steps=abc",
@@ -127,6 +167,43 @@ TEST(ConfigSyntax, SyntaxErrorNamesFileAndLine) {
   std::string message = host_error(kModel + "[training]\nsteps = = 3\n");
   EXPECT_NE(message.find("job.toml"), std::string::npos) << message;
   EXPECT_NE(message.find(" 4 | steps = = 3"), std::string::npos) << message;
+}
+
+std::string repeat(const std::string& part, int times) {
+  std::string out;
+  for (int i = 0; i < times; ++i) out += part;
+  return out;
+}
+
+TEST(ConfigNesting, DeepNestingIsRefusedBeforeTheParserRecursesNamingFileAndLine) {
+  // toml11 recurses once per level: 100 000 levels overflowed the stack (SIGSEGV).
+  const std::string deep(100000, '[');
+  for (const std::string& text :
+       {kModel + "x = " + deep + "\n", kModel + "x = " + repeat("{a=", 100000) + "\n",
+        kModel + "[a" + std::string(50000, '.') + "]\n", kModel + "a" + std::string(50000, '.') + " = 1\n"}) {
+    std::string message = host_error(text);
+    EXPECT_NE(message.find("job.toml:3: nesting deeper than 64 levels"), std::string::npos) << message.substr(0, 300);
+  }
+  std::string message = host_error(kModel, {"training.steps=" + deep});
+  EXPECT_NE(message.find("--set training.steps=[[["), std::string::npos) << message.substr(0, 300);
+  EXPECT_NE(message.find("nesting deeper than 64 levels"), std::string::npos) << message.substr(0, 300);
+  EXPECT_LT(message.size(), 1000u);  // the value is not repeated whole
+}
+
+TEST(ConfigNesting, StringsCommentsAndModestNestingAreNotCounted) {
+  const std::string brackets(200, '[');
+  const std::string text = kModel + "# " + brackets + "\n[training]\nsteps = 3 # " + brackets + "\n[job]\nname = \"" +
+                           std::string(200, '{') + "\"\nrun_dir = '''\n" + brackets +
+                           "\n'''\n[optimizer]\nno_decay = [\"[[[\", \"]\"]\n";
+  ConfigTree tree = ConfigTree::from_string(text, "job.toml");
+  EXPECT_EQ(tree.section("training").integer("steps", 0), 3);
+  // 60 nested arrays and a 60-part dotted key are within the bound.
+  ConfigTree::from_string("x = " + std::string(60, '[') + std::string(60, ']') + "\n", "job.toml");
+  std::string dotted = "a";
+  for (int i = 0; i < 60; ++i) dotted += ".a";
+  ConfigTree::from_string(dotted + " = 1\n", "job.toml");
+  // A multi-line string closed by four quotes keeps one as content: what follows is scanned.
+  EXPECT_THROW(ConfigTree::from_string("x = [\"\"\"a\"\"\"\", " + brackets + "]\n", "job.toml"), InputError);
 }
 
 TEST(ConfigOverride, MalformedAssignmentIsRefused) {
