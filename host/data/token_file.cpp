@@ -58,7 +58,11 @@ TokenFileSource::TokenFileSource(const std::string& path, uint64_t seed) : path_
   int fd = ::open(path.c_str(), O_RDONLY);
   if (fd < 0) throw InputError(cat("data.path: cannot open token file ", path, ": ", std::strerror(errno)));
   struct stat st {};
-  ::fstat(fd, &st);
+  if (::fstat(fd, &st) != 0 || st.st_size < 0) {
+    const int err = errno;
+    ::close(fd);
+    throw InputError(cat("data.path: cannot stat token file ", path, ": ", std::strerror(err)));
+  }
   map_size_ = static_cast<size_t>(st.st_size);
   if (map_size_ < kHeaderSize) {
     ::close(fd);
@@ -80,11 +84,21 @@ TokenFileSource::TokenFileSource(const std::string& path, uint64_t seed) : path_
   if (std::memcmp(header.magic, kMagic, sizeof(kMagic)) != 0)
     fail("bad magic (not a KEELTOK1 file; build one with keel-data)");
   if (header.width != 2 && header.width != 4) fail(cat("bytes per token is ", header.width, ", expected 2 or 4"));
-  uint64_t expected = kHeaderSize + header.num_tokens * header.width;
-  if (expected != map_size_)
-    fail(cat("header promises ", header.num_tokens, " tokens (", expected, " bytes) but the file has ", map_size_,
-             " bytes"));
+  if (header.reserved != 0) fail(cat("reserved header field is ", header.reserved, ", expected 0"));
+  // The size check in arithmetic that cannot wrap: a header claiming 2^63 tokens must not
+  // pass as a small file.
+  uint64_t payload = 0, expected = 0;
+  if (__builtin_mul_overflow(header.num_tokens, uint64_t{header.width}, &payload) ||
+      __builtin_add_overflow(payload, uint64_t{kHeaderSize}, &expected) || expected != map_size_)
+    fail(cat("header promises ", header.num_tokens, " tokens of ", header.width, " bytes but the file has ",
+             map_size_ - kHeaderSize, " bytes after its header"));
   if (header.vocab_size == 0) fail("vocabulary size is 0");
+  // Every token of the width must be able to be below the vocabulary, and the vocabulary must
+  // be representable as a token id of the model (int64).
+  const uint64_t max_vocab = header.width == 2 ? (uint64_t{1} << 16) : (uint64_t{1} << 32);
+  if (header.vocab_size > max_vocab)
+    fail(cat("vocabulary size ", header.vocab_size, " does not fit ", header.width, "-byte tokens (at most ", max_vocab,
+             ")"));
   width_ = header.width;
   num_tokens_ = header.num_tokens;
   vocab_ = header.vocab_size;

@@ -100,6 +100,38 @@ TEST(TokenFile, BadMagicTruncationAndMissingFileAreRefusedNamingTheFile) {
   EXPECT_NE(open_error(dir / "none.bin").find("cannot open token file"), std::string::npos);
 }
 
+// A 32-byte token-file header followed by `payload` bytes.
+std::string token_header(uint32_t width, uint32_t reserved, uint64_t num_tokens, uint64_t vocab) {
+  std::string bytes = "KEELTOK1";
+  auto put = [&](const auto& v) { bytes.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  put(width);
+  put(reserved);
+  put(num_tokens);
+  put(vocab);
+  return bytes;
+}
+
+TEST(TokenFile, AHeaderWhoseSizeWrapsIsRefusedBeforeAnyTokenIsRead) {
+  // 2 x (2^63 + 100) + 32 wraps to 232: the file's real size. It must not pass as 100 tokens.
+  test::TempDir dir;
+  const uint64_t huge = (uint64_t{1} << 63) + 100;
+  test::write_file(dir / "wrap.bin", token_header(2, 0, huge, 300) + std::string(200, '\0'));
+  const std::string error = open_error(dir / "wrap.bin");
+  EXPECT_NE(error.find("header promises 9223372036854775908 tokens"), std::string::npos) << error;
+  EXPECT_NE(error.find(dir / "wrap.bin"), std::string::npos) << error;
+}
+
+TEST(TokenFile, ReservedFieldAndAVocabularyBeyondTheTokenWidthAreRefused) {
+  test::TempDir dir;
+  test::write_file(dir / "reserved.bin", token_header(2, 7, 4, 300) + std::string(8, '\0'));
+  EXPECT_NE(open_error(dir / "reserved.bin").find("reserved header field is 7"), std::string::npos);
+  test::write_file(dir / "vocab.bin", token_header(2, 0, 4, 70000) + std::string(8, '\0'));
+  EXPECT_NE(open_error(dir / "vocab.bin").find("does not fit 2-byte tokens"), std::string::npos)
+      << open_error(dir / "vocab.bin");
+  test::write_file(dir / "vocab4.bin", token_header(4, 0, 2, uint64_t{1} << 40) + std::string(8, '\0'));
+  EXPECT_NE(open_error(dir / "vocab4.bin").find("does not fit 4-byte tokens"), std::string::npos);
+}
+
 TEST(Safetensors, RoundTripsDtypesShapesAndMetadata) {
   test::TempDir dir;
   std::vector<std::pair<std::string, at::Tensor>> tensors = {
