@@ -5,6 +5,7 @@
 
 #include "common/log.hpp"
 #include "common/text.hpp"
+#include "metrics/json_number.hpp"
 
 namespace keel {
 
@@ -34,14 +35,14 @@ void MetricsLog::write(const StepRecord& r) {
   if (!jsonl_) return;
   nlohmann::ordered_json j;
   j["step"] = r.step;
-  j["loss"] = r.loss;
-  j["grad_norm"] = r.grad_norm;
-  j["lr"] = r.lr;
-  j["tokens_per_second"] = r.tokens_per_second;
-  j["eta_seconds"] = r.eta_seconds;
-  j["peak_memory_bytes"] = r.peak_memory_bytes;
+  j["loss"] = json_number(r.loss);
+  j["grad_norm"] = json_number(r.grad_norm);
+  j["lr"] = json_number(r.lr);
+  j["tokens_per_second"] = json_number(r.tokens_per_second);
+  j["eta_seconds"] = json_number(r.eta_seconds);
+  j["peak_memory_bytes"] = json_number(r.peak_memory_bytes);
   j["skipped"] = r.skipped;
-  for (const auto& [name, value] : r.plugin_metrics) j[name] = value;
+  for (const auto& [name, value] : r.plugin_metrics) j[name] = json_number(value);
   *jsonl_ << j.dump() << '\n';
   jsonl_->flush();
 }

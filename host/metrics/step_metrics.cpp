@@ -1,9 +1,11 @@
 #include "metrics/step_metrics.hpp"
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
 #include "common/text.hpp"
+#include "metrics/json_number.hpp"
 
 namespace keel {
 
@@ -45,7 +47,8 @@ std::map<std::string, double> StepMetrics::resolve() const {
 std::map<std::string, double> StepMetrics::resolve_across(Group& world) const {
   if (world.size() == 1) return resolve();
   nlohmann::json mine = nlohmann::json::object();
-  for (const auto& [name, e] : entries_) mine[name] = {e.value.item<double>(), e.count, static_cast<int>(e.reduce)};
+  for (const auto& [name, e] : entries_)
+    mine[name] = {json_number(e.value.item<double>()), e.count, static_cast<int>(e.reduce)};
   struct Merged {
     double value = 0;
     int64_t count = 0;
@@ -55,12 +58,12 @@ std::map<std::string, double> StepMetrics::resolve_across(Group& world) const {
   for (const std::string& text : all_gather_bytes(world, mine.dump())) {
     const nlohmann::json reports = nlohmann::json::parse(text);
     for (const auto& [name, entry] : reports.items()) {
-      double value = entry[0].get<double>();
+      double value = number_from_json(entry[0]);
       int64_t count = entry[1].get<int64_t>();
       auto [it, fresh] = merged.try_emplace(name, Merged{value, count, entry[2].get<int>()});
       if (fresh) continue;
       Merged& m = it->second;
-      if (m.reduce == KEEL_METRIC_MAX) m.value = std::max(m.value, value);
+      if (m.reduce == KEEL_METRIC_MAX) m.value = std::isnan(value) ? value : std::max(m.value, value);  // nan wins
       if (m.reduce == KEEL_METRIC_MEAN || m.reduce == KEEL_METRIC_SUM) m.value += value;
       m.count += count;  // LAST keeps the lowest rank's value
     }

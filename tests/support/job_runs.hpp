@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "checkpoint/safetensors.hpp"
+#include "metrics/json_number.hpp"
 #include "test_support.hpp"
 
 namespace keel::test {
@@ -82,8 +83,8 @@ inline JobRun run_job(const TempDir& dir, const std::string& name, int ranks, co
   for (std::string line; std::getline(in, line);) {
     auto j = nlohmann::json::parse(line);
     run.steps.push_back(j["step"]);
-    run.loss.push_back(j["loss"]);
-    run.grad_norm.push_back(j["grad_norm"]);
+    run.loss.push_back(number_from_json(j["loss"]));
+    run.grad_norm.push_back(number_from_json(j["grad_norm"]));
   }
   if (std::filesystem::exists(run.dir + "/final/state.safetensors"))
     run.state = read_safetensors(run.dir + "/final/state.safetensors").tensors;
