@@ -48,12 +48,13 @@ struct StepProgram::Graph {
 };
 
 StepProgram::StepProgram(Model& model, Clipper& clipper, AdamW& optimizer, std::vector<const keel_param_info*> params,
-                         at::Tensor lr, CaptureDecision decision, int64_t warmup, int64_t validate)
+                         at::Tensor lr, Group& agree, CaptureDecision decision, int64_t warmup, int64_t validate)
     : model_(model),
       clipper_(clipper),
       optimizer_(optimizer),
       params_(std::move(params)),
       lr_(std::move(lr)),
+      agree_(agree),
       decision_(std::move(decision)),
       warmup_(warmup),
       validate_(validate) {}
@@ -62,12 +63,40 @@ StepProgram::~StepProgram() = default;
 
 StepProgram::Result StepProgram::eager() {
   model_.pre_clip();
+  std::vector<std::pair<std::string, at::Tensor*>> clipper_state = clipper_.state();
+  std::vector<at::Tensor> state_before;
+  for (const auto& [name, tensor] : clipper_state) state_before.push_back(tensor->clone());
   Result r;
   r.norm = clipper_.clip(params_);
-  // The guard: a non-finite norm skips the update on the device (no host branch).
-  r.found_inf = r.norm.isfinite().logical_not().to(at::kFloat);
+  // The guard: a non-finite step skips the update on the device (no host branch), and takes
+  // back what clip() counted.
+  r.found_inf = nonfinite_flag(r.norm);
   optimizer_.step(lr_, r.found_inf);
+  const at::Tensor skipped = r.found_inf.to(at::kBool);
+  for (size_t i = 0; i < clipper_state.size(); ++i) {
+    at::Tensor& now = *clipper_state[i].second;
+    now.copy_(at::where(skipped.to(now.device()), state_before[i], now));
+  }
   return r;
+}
+
+at::Tensor StepProgram::nonfinite_flag(const at::Tensor& norm) {
+  // This rank's view: its gradients after clipping (a NaN stays NaN through any coefficient,
+  // an inf becomes NaN through a zero one) and the norm the clipper returned. Sum of |g| is
+  // finite exactly when every element is (or it overflows, when the step is no good either).
+  at::Tensor flag = norm.detach().to(at::kFloat).reshape({}).isfinite().logical_not().to(at::kFloat);
+  std::vector<at::Tensor> grads;
+  for (const OptimParam& p : optimizer_.params()) {
+    const at::Tensor& grad = p.param.grad();
+    if (grad.defined() && grad.numel() > 0) grads.push_back(grad);
+  }
+  if (!grads.empty()) {
+    at::Tensor local = at::stack(at::_foreach_norm(grads, 1)).to(at::kFloat).sum();
+    flag = flag + local.isfinite().logical_not().to(at::kFloat).to(flag.device());
+  }
+  // Summed, not MAX-reduced: NaN never has to survive a comparison.
+  agree_.all_reduce(flag, KEEL_REDUCE_SUM);
+  return flag.gt(0).to(at::kFloat);
 }
 
 void StepProgram::run() {

@@ -5,6 +5,13 @@
 // before the replay, the guard skips the update on the device, and the host reads the norm and
 // the skip flag only when it logs. Capture needs every hook in the program declared
 // capture-safe by its plugin (KEEL_HOOK_*_CAPTURE_SAFE).
+//
+// The non-finite guard is the host's, not the clipper's, so any clipper is safe: each rank
+// raises a flag when one of its gradients (after clipping) or the norm is not finite, and the
+// flags are summed over the world — a NaN that a MAX reduction of the norm dropped (Gloo's MAX
+// keeps a finite value over a NaN) still makes every rank skip the step together. A skipped
+// step leaves the clipper's state as it was (restored on the device), as AdamW leaves the
+// parameters and moments; nothing here reads the device from the host.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -13,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "mesh/group.hpp"
 #include "optim/adamw.hpp"
 #include "plugins/components.hpp"
 
@@ -42,18 +50,20 @@ CaptureDecision decide_capture(const std::string& policy, bool cuda, const std::
 class StepProgram {
  public:
   /// The program over `params` (clip order) with learning rate `lr` (a 0-dim device tensor the
-  /// caller updates before each run). With `decision.capture`, the first `warmup` runs are
-  /// eager, then the program is captured and replayed; the first `validate` replays are each
-  /// checked against the eager program bitwise.
+  /// caller updates before each run); the non-finite flag is summed over `agree` (the world).
+  /// With `decision.capture`, the first `warmup` runs are eager, then the program is captured
+  /// and replayed; the first `validate` replays are each checked against the eager program
+  /// bitwise.
   StepProgram(Model& model, Clipper& clipper, AdamW& optimizer, std::vector<const keel_param_info*> params,
-              at::Tensor lr, CaptureDecision decision, int64_t warmup, int64_t validate);
+              at::Tensor lr, Group& agree, CaptureDecision decision, int64_t warmup, int64_t validate);
   ~StepProgram();
 
   /// Runs this step's program. [collective: world]
   void run();
   /// The step's total gradient norm (a 0-dim fp32 device tensor; read it before the next run).
   const at::Tensor& total_norm() const { return norm_; }
-  /// 1.0 when the step's update was skipped (non-finite gradients), else 0.0 (device).
+  /// 1.0 when the step's update was skipped (non-finite gradients or norm on any rank of the
+  /// world), else 0.0: the same on every rank (device).
   const at::Tensor& found_inf() const { return found_inf_; }
   /// Whether runs now replay a captured graph.
   bool captured() const { return graph_ != nullptr; }
@@ -63,6 +73,7 @@ class StepProgram {
     at::Tensor norm, found_inf;
   };
   Result eager();
+  at::Tensor nonfinite_flag(const at::Tensor& norm);
   void capture();
   void replay_validated();
 
@@ -71,6 +82,7 @@ class StepProgram {
   AdamW& optimizer_;
   std::vector<const keel_param_info*> params_;
   at::Tensor lr_;
+  Group& agree_;
   CaptureDecision decision_;
   int64_t warmup_, validate_;
   int64_t runs_ = 0, replays_ = 0;

@@ -1,9 +1,12 @@
 #include "train/trainer.hpp"
 
+#include <c10/core/GradMode.h>
+
 #include <chrono>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "checkpoint/consolidate.hpp"
 #include "checkpoint/safetensors.hpp"
@@ -79,6 +82,9 @@ Trainer::Trainer(Job& job) : job_(job) {
     log_warn(cat("debug.perturb_replicas: perturbed ", perturb_replicas(params_), " replica(s) after post_init"));
   for (ParamRef& p : params_)
     if (!p.tensor->requires_grad()) throw std::runtime_error(cat("parameter ", p.fqn, " does not require grad"));
+  for (ModelPart* part : job.parts())
+    for (const ParamRef& b : part->buffers())
+      if (b.persistent()) persistent_buffers_.push_back(b);
   grads_ = std::make_unique<GradientBuckets>(params_, job.mesh(), c.parallelism.grad_bucket_mb << 20);
   if (grads_->collectives_per_step() > 0 && job.mesh().layout().dp_index == 0)
     log_info(cat("gradient reduction: ", grads_->collectives_per_step(), " all-reduce(s) per step over dp/edp (",
@@ -96,8 +102,9 @@ Trainer::Trainer(Job& job) : job_(job) {
       decide_capture(c.optimizer.graph_capture, job.device().is_cuda(), step_hooks(job.model(), job.clipper()));
   if (job.mesh().layout().rank == 0 && (job.device().is_cuda() || c.optimizer.graph_capture != "auto"))
     log_info(cat("step program: ", capture.capture ? "CUDA graph" : "eager", " (", capture.reason, ")"));
-  program_ = std::make_unique<StepProgram>(job.model(), job.clipper(), *optimizer_, param_infos_, lr_, capture,
-                                           c.optimizer.graph_warmup, c.optimizer.graph_validate);
+  program_ = std::make_unique<StepProgram>(job.model(), job.clipper(), *optimizer_, param_infos_, lr_,
+                                           job.mesh().group(KEEL_GROUP_WORLD), capture, c.optimizer.graph_warmup,
+                                           c.optimizer.graph_validate);
   source_ = open_source(job);
   const MeshLayout& mesh = job.mesh().layout();
   stream_ =
@@ -141,10 +148,17 @@ double Trainer::step(int64_t step, bool read_loss) {
   job_.mesh().group(KEEL_GROUP_DP).all_reduce(count, KEEL_REDUCE_SUM);
   const double global_tokens = count.item<double>();
 
+  // A skipped step must leave every checkpointed tensor as it was: AdamW and the clipper's
+  // state are guarded inside the step program; the model's persistent buffers (DeepSeek-V3's
+  // expert bias, moved by post_step) are kept here and put back on the device.
+  std::vector<at::Tensor> buffers_before;
+  for (const ParamRef& b : persistent_buffers_) buffers_before.push_back(b.tensor->detach().clone());
+
   grads_->zero();
   const int m = c.parallelism.microbatches;
   at::Tensor loss_total = runner_->run(batch.tokens.chunk(m, 0), batch.labels.chunk(m, 0), global_tokens);
   if (job_.mesh().layout().pp > 1 && read_loss) report_pipeline_bubble();
+  if (step == c.debug.nan_grad_step && job_.mesh().layout().rank == c.debug.nan_grad_rank) poison_gradient(step);
 
   grads_->reduce();
   if (time_program_) synchronize(job_.device());
@@ -157,6 +171,14 @@ double Trainer::step(int64_t step, bool read_loss) {
   const at::Tensor& norm = program_->total_norm();
   const at::Tensor& found_inf = program_->found_inf();
   job_.model().post_step();
+  if (!persistent_buffers_.empty()) {
+    c10::NoGradGuard no_grad;
+    const at::Tensor skipped = found_inf.to(at::kBool);
+    for (size_t i = 0; i < persistent_buffers_.size(); ++i) {
+      at::Tensor now = persistent_buffers_[i].tensor->detach();
+      now.copy_(at::where(skipped.to(now.device()), buffers_before[i], now));
+    }
+  }
   lr_.fill_(schedule_->at(step + 1));
   if (c.debug.replica_check_interval > 0 && step % c.debug.replica_check_interval == 0) {
     check_replicas(params_, world, step);
@@ -169,6 +191,21 @@ double Trainer::step(int64_t step, bool read_loss) {
   last_found_inf_ = found_inf;
   last_loss_ = loss_total / global_tokens;
   return read_loss ? last_loss_.item<double>() : 0.0;
+}
+
+void Trainer::poison_gradient(int64_t step) {
+  // Fault injection: one NaN in the first matching gradient of this rank, as a bad backward
+  // would leave it, before the data-parallel reduction.
+  const std::string& pattern = job_.config().debug.nan_grad_param;
+  for (const ParamRef& p : params_) {
+    at::Tensor grad = p.tensor->mutable_grad();
+    if (!grad.defined() || grad.numel() == 0 || !glob_match(pattern, p.fqn)) continue;
+    c10::NoGradGuard no_grad;
+    grad.view({-1}).narrow(0, 0, 1).fill_(std::numeric_limits<double>::quiet_NaN());
+    log_warn(cat("debug.nan_grad_step: step ", step, ": a NaN put into the gradient of ", p.fqn));
+    return;
+  }
+  log_warn(cat("debug.nan_grad_step: step ", step, ": no gradient of this rank matches '", pattern, "'"));
 }
 
 void Trainer::report_pipeline_bubble() {

@@ -73,6 +73,7 @@ class Trainer {
  private:
   int agreed_stop();
   void report_pipeline_bubble();
+  void poison_gradient(int64_t step);
   std::vector<TensorPiece> checkpoint_pieces() const;
   void load_model_state(CheckpointReader& reader);
   void load_training_state(CheckpointReader& reader);
@@ -81,6 +82,7 @@ class Trainer {
 
   Job& job_;
   std::vector<ParamRef> params_;
+  std::vector<ParamRef> persistent_buffers_;  ///< restored after a skipped step
   std::vector<const keel_param_info*> param_infos_;
   std::unique_ptr<GradientBuckets> grads_;
   std::unique_ptr<PipelineRunner> runner_;

@@ -4,7 +4,7 @@
 // is scaled by the same device-tensor coefficient min(1, max_norm / (total + 1e-6)). With no
 // replicas this is torch.nn.utils.clip_grad_norm_. No host synchronisation: capture-safe.
 // State (checkpointed under the clipper's name): how many steps it clipped and saw, device
-// counters updated without a host read.
+// counters updated without a host read (on a step the host skips, the host puts them back).
 #include <keel/keel.hpp>
 
 #include <array>
@@ -90,7 +90,11 @@ class NormClipper {
     if (grads.empty()) return at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
     std::vector<at::Tensor> norms = at::_foreach_norm(grads, inf_ ? std::numeric_limits<double>::infinity() : 2.0);
     at::Tensor stacked = at::stack(norms).to(at::kFloat);
-    return inf_ ? stacked.max() : stacked.square().sum();
+    if (!inf_) return stacked.square().sum();
+    // A MAX all-reduce may keep a finite value over a NaN (Gloo does): a NaN goes in as +inf,
+    // which every maximum keeps, so the total is non-finite on every rank.
+    const double inf = std::numeric_limits<double>::infinity();
+    return at::nan_to_num(stacked.max(), inf, inf, -inf);
   }
 
   void scale(const at::Tensor& total) {

@@ -4,6 +4,7 @@
 
 #include <keel/keel.hpp>
 
+#include <cmath>
 #include <limits>
 #include <memory>
 
@@ -123,6 +124,17 @@ TEST_F(NormClipperTest, InfNormMatchesTorch) {
   auto clipper = make("max_norm = 0.2\nnorm_type = \"inf\"\n");
   EXPECT_NEAR(clipper->clip(infos()).item<double>(), expected, 1e-6 * expected);
   EXPECT_TRUE(at::allclose(a.grad(), ref[0].grad(), 1e-6, 1e-8));
+}
+
+TEST_F(NormClipperTest, InfNormCarriesANanAsInfinitySoAMaxReductionCannotDropIt) {
+  // Gloo's MAX all-reduce keeps a finite value over a NaN; +inf survives every maximum.
+  at::manual_seed(4);
+  add("a", {5, 5});
+  at::Tensor& b = add("b", {9});
+  b.mutable_grad()[3] = std::numeric_limits<float>::quiet_NaN();
+  auto clipper = make("max_norm = 0.2\nnorm_type = \"inf\"\n");
+  const double norm = clipper->clip(infos()).item<double>();
+  EXPECT_TRUE(std::isinf(norm) && norm > 0) << norm;
 }
 
 TEST_F(NormClipperTest, InvalidMaxNormNamesKeyAndLine) {
