@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -87,6 +88,9 @@ std::string set_origin(const std::string& assignment) {
 }  // namespace
 
 ConfigTree ConfigTree::from_file(const std::string& path) {
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error))
+    throw InputError(cat("cannot read config ", path, ": it is a folder, not a TOML file"));
   std::ifstream in(path, std::ios::binary);
   std::ostringstream text;
   if (in) text << in.rdbuf();

@@ -206,6 +206,17 @@ TEST(ConfigNesting, StringsCommentsAndModestNestingAreNotCounted) {
   EXPECT_THROW(ConfigTree::from_string("x = [\"\"\"a\"\"\"\", " + brackets + "]\n", "job.toml"), InputError);
 }
 
+TEST(ConfigFile, AFolderOrAMissingFileIsRefusedNamingIt) {
+  test::TempDir dir;
+  try {
+    ConfigTree::from_file(dir.path());
+    ADD_FAILURE() << "a folder was read as an empty config";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("it is a folder"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(ConfigTree::from_file(dir / "none.toml"), InputError);
+}
+
 TEST(ConfigOverride, MalformedAssignmentIsRefused) {
   EXPECT_NE(host_error(kModel, {"steps=3"}).find("the key must be section.key"), std::string::npos);
   EXPECT_NE(host_error(kModel, {"training.steps"}).find("expected section.key=value"), std::string::npos);
