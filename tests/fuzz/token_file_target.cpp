@@ -1,0 +1,22 @@
+// Fuzz target: a token file (its 32-byte header and the tokens it promises), opened as
+// training opens data.path and sampled as the batch stream samples it.
+#include <algorithm>
+#include <vector>
+
+#include "data/token_file.hpp"
+#include "fuzz_support.hpp"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string path = keel::fuzz::write_file("tokens.bin", data, size);
+  keel::fuzz::guarded("token_file", [&] {
+    keel::TokenFileSource source(path, /*seed=*/7);
+    source.describe();
+    // A window of 1 token and one of up to 64 (the whole file when it is shorter), at a few
+    // indices: every offset a sample may start at is drawn from (seed, index).
+    const int64_t longest = static_cast<int64_t>(std::min<uint64_t>(source.num_tokens(), 64));
+    std::vector<int64_t> out(64);
+    for (int64_t length : {int64_t{1}, longest})
+      for (uint64_t index = 0; index < 4 && length > 0; ++index) source.sample(index, length, out.data());
+  });
+  return 0;
+}
