@@ -5,11 +5,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <string_view>
 
+#include "checkpoint/strict_json.hpp"
 #include "common/error.hpp"
 #include "common/text.hpp"
 
@@ -102,45 +106,134 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   std::filesystem::rename(partial, path);
 }
 
-SafetensorsFile read_safetensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(cat("cannot open ", path));
-  in.seekg(0, std::ios::end);
-  auto file_size = static_cast<uint64_t>(in.tellg());
-  in.seekg(0);
+namespace {
+
+// Hugging Face's reader refuses larger headers too; ours are a few KiB per tensor.
+constexpr uint64_t kMaxHeaderBytes = uint64_t{100} << 20;
+constexpr size_t kMaxRank = 16;
+
+struct HeaderEntry {
+  std::string name;
+  at::ScalarType dtype;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, end = 0;  // relative to the start of the data section
+};
+
+struct Header {
+  std::vector<HeaderEntry> entries;
+  std::map<std::string, std::string> metadata;
+};
+
+// The header's length from the file's first 8 bytes, checked against the file's size.
+uint64_t header_size_of(const std::string& path, const unsigned char* first8, uint64_t file_size) {
   uint64_t header_size = 0;
-  if (file_size < 8 || !in.read(reinterpret_cast<char*>(&header_size), 8) || header_size > file_size - 8)
-    throw InputError(cat(path, ": truncated safetensors header"));
-  std::string text(header_size, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(header_size));
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(cat(path, ": bad safetensors header: ", e.what()));
-  }
-  SafetensorsFile file;
-  uint64_t data_start = 8 + header_size;
-  for (const auto& [name, entry] : header.items()) {
+  for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | first8[i];  // little-endian
+  if (header_size > file_size - 8)
+    throw InputError(cat(path, ": truncated safetensors header (", header_size, " bytes claimed, the file has ",
+                         file_size - 8, " after the length)"));
+  if (header_size > kMaxHeaderBytes)
+    throw InputError(cat(path, ": safetensors header of ", header_size, " bytes (at most ", kMaxHeaderBytes, ")"));
+  return header_size;
+}
+
+// Every check made before a byte of tensor data is touched or a tensor allocated: the entry's
+// byte count is computed without overflow from its shape and dtype and must equal its offsets'
+// span, which must lie inside the data section; the tensors must tile the data section exactly
+// (no overlap, no hole), as the format requires.
+Header parse_header(const std::string& path, std::string_view text, uint64_t data_size) {
+  nlohmann::json j = parse_untrusted_json(text, cat(path, ": safetensors header"), 8);
+  if (!j.is_object()) throw InputError(cat(path, ": safetensors header is not a JSON object"));
+  Header header;
+  for (const auto& [name, e] : j.items()) {
     if (name == "__metadata__") {
-      for (const auto& [k, v] : entry.items()) file.metadata[k] = v.get<std::string>();
+      if (!e.is_object()) throw InputError(cat(path, ": __metadata__ is not an object of strings"));
+      for (const auto& [k, v] : e.items()) header.metadata[k] = json_string(v, cat(path, ": __metadata__.", k));
       continue;
     }
-    std::string where = cat(path, ": ", name);
+    const std::string where = cat(path, ": ", name);
+    json_only_keys(e, {"dtype", "shape", "data_offsets"}, where);
+    HeaderEntry entry;
+    entry.name = name;
+    entry.dtype = dtype_from(json_string(json_field(e, "dtype", where), cat(where, ": dtype")), where);
+    entry.shape = json_dims(json_field(e, "shape", where), cat(where, ": shape"), kMaxRank);
+    const nlohmann::json& offsets = json_field(e, "data_offsets", where);
+    if (!offsets.is_array() || offsets.size() != 2) throw InputError(cat(where, ": data_offsets must be [begin, end]"));
+    entry.begin = json_uint(offsets[0], cat(where, ": data_offsets[0]"), UINT64_MAX);
+    entry.end = json_uint(offsets[1], cat(where, ": data_offsets[1]"), UINT64_MAX);
+    int64_t numel = 0;
+    uint64_t bytes = 0;
+    if (!checked_volume(entry.shape, numel) ||
+        __builtin_mul_overflow(static_cast<uint64_t>(numel), c10::elementSize(entry.dtype), &bytes) ||
+        bytes > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      throw InputError(cat(where, ": shape ", at::IntArrayRef(entry.shape), " of ", dtype_code(entry.dtype),
+                           " overflows the element count"));
+    if (entry.begin > entry.end || entry.end > data_size)
+      throw InputError(cat(where, ": data_offsets [", entry.begin, ", ", entry.end, "] are not inside the data (",
+                           data_size, " bytes)"));
+    if (entry.end - entry.begin != bytes)
+      throw InputError(cat(where, ": data_offsets span ", entry.end - entry.begin, " bytes, its shape ",
+                           at::IntArrayRef(entry.shape), " of ", dtype_code(entry.dtype), " needs ", bytes));
+    header.entries.push_back(std::move(entry));
+  }
+  std::vector<const HeaderEntry*> order;
+  for (const HeaderEntry& e : header.entries) order.push_back(&e);
+  std::sort(order.begin(), order.end(), [](const HeaderEntry* a, const HeaderEntry* b) {
+    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+  });
+  uint64_t next = 0;
+  for (const HeaderEntry* e : order) {
+    if (e->begin != next)
+      throw InputError(cat(path, ": tensor '", e->name, "' starts at byte ", e->begin, " of the data, ",
+                           e->begin < next ? "inside the tensor before it" : "after a hole", " (expected ", next, ")"));
+    next = e->end;
+  }
+  if (next != data_size)
+    throw InputError(cat(path, ": the tensors cover ", next, " of the ", data_size, " data bytes"));
+  return header;
+}
+
+// A failure of LibTorch on a shape already validated (out of memory, mostly) as a clean message.
+[[noreturn]] void rethrow_as_input_error(const std::string& where) {
+  try {
+    throw;
+  } catch (const c10::Error& e) {
+    throw InputError(cat(where, ": ", e.what_without_backtrace()));
+  } catch (const std::bad_alloc&) {
+    throw InputError(cat(where, ": out of memory"));
+  }
+}
+
+}  // namespace
+
+SafetensorsFile read_safetensors(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) throw InputError(cat("cannot open ", path, ": not a file"));
+  const uint64_t file_size = std::filesystem::file_size(path, ec);
+  std::ifstream in(path, std::ios::binary);
+  if (ec || !in) throw InputError(cat("cannot open ", path));
+  unsigned char first8[8];
+  if (file_size < 8 || !in.read(reinterpret_cast<char*>(first8), 8))
+    throw InputError(cat(path, ": truncated safetensors file (", file_size, " bytes)"));
+  const uint64_t header_size = header_size_of(path, first8, file_size);
+  std::string text(header_size, '\0');
+  if (!in.read(text.data(), static_cast<std::streamsize>(header_size)))
+    throw InputError(cat(path, ": cannot read its header"));
+  const uint64_t data_start = 8 + header_size;
+  Header header = parse_header(path, text, file_size - data_start);
+  SafetensorsFile file;
+  file.metadata = std::move(header.metadata);
+  for (const HeaderEntry& e : header.entries) {
+    const std::string where = cat(path, ": ", e.name);
+    at::Tensor t;
     try {
-      at::ScalarType dtype = dtype_from(entry.at("dtype").get<std::string>(), where);
-      std::vector<int64_t> shape = entry.at("shape").get<std::vector<int64_t>>();
-      auto offsets = entry.at("data_offsets").get<std::vector<uint64_t>>();
-      at::Tensor t = at::empty(shape, at::TensorOptions().dtype(dtype));
-      if (offsets.size() != 2 || offsets[1] - offsets[0] != static_cast<uint64_t>(t.nbytes()) ||
-          data_start + offsets[1] > file_size)
-        throw InputError(cat(where, ": data offsets do not match its shape or the file is truncated"));
-      in.seekg(static_cast<std::streamoff>(data_start + offsets[0]));
-      in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(t.nbytes()));
-      file.tensors[name] = t;
-    } catch (const nlohmann::json::exception& e) {
-      throw InputError(cat(where, ": bad entry: ", e.what()));
+      t = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));  // at most the file's size
+    } catch (...) {
+      rethrow_as_input_error(where);
     }
+    in.seekg(static_cast<std::streamoff>(data_start + e.begin));
+    if (!in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(e.end - e.begin)))
+      throw InputError(cat(where, ": cannot read its data"));
+    file.tensors[e.name] = t;
   }
   return file;
 }
@@ -149,7 +242,10 @@ MappedSafetensors::MappedSafetensors(const std::string& path) : path_(path) {
   int fd = ::open(path.c_str(), O_RDONLY);
   if (fd < 0) throw InputError(cat("cannot open ", path, ": ", std::strerror(errno)));
   struct stat st {};
-  ::fstat(fd, &st);
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw InputError(cat("cannot open ", path, ": not a regular file"));
+  }
   size_ = static_cast<size_t>(st.st_size);
   if (size_ > 0) map_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
@@ -157,39 +253,20 @@ MappedSafetensors::MappedSafetensors(const std::string& path) : path_(path) {
     map_ = nullptr;
     throw InputError(cat("cannot map ", path, ": ", std::strerror(errno)));
   }
-  const auto* base = static_cast<const char*>(map_);
-  uint64_t header_size = 0;
-  if (size_ < 8) throw InputError(cat(path, ": truncated safetensors file (", size_, " bytes)"));
-  std::memcpy(&header_size, base, 8);
-  if (header_size > size_ - 8) throw InputError(cat(path, ": truncated safetensors header"));
-  nlohmann::json header;
   try {
-    header = nlohmann::json::parse(base + 8, base + 8 + header_size);
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(cat(path, ": bad safetensors header: ", e.what()));
-  }
-  const uint64_t data_start = 8 + header_size;
-  for (const auto& [name, e] : header.items()) {
-    if (name == "__metadata__") continue;
-    std::string where = cat(path, ": ", name);
-    try {
-      Entry entry;
-      entry.dtype = dtype_from(e.at("dtype").get<std::string>(), where);
-      entry.shape = e.at("shape").get<std::vector<int64_t>>();
-      auto offsets = e.at("data_offsets").get<std::vector<uint64_t>>();
-      uint64_t numel = 1;
-      for (int64_t d : entry.shape) numel *= static_cast<uint64_t>(d);
-      if (offsets.size() != 2 || offsets[1] < offsets[0] ||
-          offsets[1] - offsets[0] != numel * c10::elementSize(entry.dtype))
-        throw InputError(cat(where, ": data offsets do not match its shape"));
-      entry.begin = data_start + offsets[0];
-      entry.end = data_start + offsets[1];
-      if (entry.end > size_)
-        throw InputError(cat(where, ": the file is truncated (", size_, " bytes, the tensor ends at ", entry.end, ")"));
-      entries_[name] = std::move(entry);
-    } catch (const nlohmann::json::exception& ex) {
-      throw InputError(cat(where, ": bad entry: ", ex.what()));
-    }
+    if (size_ < 8) throw InputError(cat(path, ": truncated safetensors file (", size_, " bytes)"));
+    const auto* base = static_cast<const unsigned char*>(map_);
+    const uint64_t header_size = header_size_of(path, base, size_);
+    const uint64_t data_start = 8 + header_size;
+    Header header =
+        parse_header(path, std::string_view(reinterpret_cast<const char*>(base) + 8, header_size), size_ - data_start);
+    for (HeaderEntry& e : header.entries)
+      entries_[e.name] = Entry{e.dtype, std::move(e.shape), data_start + e.begin, data_start + e.end};
+  } catch (...) {
+    // The destructor does not run for an object whose constructor threw.
+    if (map_ != nullptr) ::munmap(map_, size_);
+    map_ = nullptr;
+    throw;
   }
 }
 
@@ -207,7 +284,17 @@ at::Tensor MappedSafetensors::view(const std::string& key) const {
   const Entry& e = entry(key);
   // The mapping is read-only; views are only ever copied from.
   void* data = static_cast<char*>(map_) + e.begin;
-  return at::from_blob(data, e.shape, at::TensorOptions().dtype(e.dtype));
+  try {
+    return at::from_blob(data, e.shape, at::TensorOptions().dtype(e.dtype));
+  } catch (...) {
+    rethrow_as_input_error(cat(path_, ": ", key));
+  }
+}
+
+std::vector<std::string> MappedSafetensors::keys() const {
+  std::vector<std::string> out;
+  for (const auto& [key, e] : entries_) out.push_back(key);
+  return out;
 }
 
 std::pair<const void*, size_t> MappedSafetensors::bytes(const std::string& key) const {

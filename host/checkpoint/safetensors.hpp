@@ -25,8 +25,10 @@ std::string safetensors_dtype(at::ScalarType type);
 at::ScalarType scalar_type_of(const std::string& code, const std::string& where);
 
 /// A safetensors file mapped into memory: tensors are views of the mapping, read from disk only
-/// when touched. The header is validated on open (offsets inside the file and matching each
-/// shape); every error is an InputError naming the file and the key.
+/// when touched. The header is validated on open, before any tensor is made: each tensor's
+/// byte count (shape x dtype, overflow-checked) equals its data_offsets' span, which lies in the
+/// data section, and the tensors tile that section exactly; a key appears once. Every error is
+/// an InputError naming the file and the key.
 class MappedSafetensors {
  public:
   explicit MappedSafetensors(const std::string& path);
@@ -42,6 +44,12 @@ class MappedSafetensors {
   std::pair<const void*, size_t> bytes(const std::string& key) const;
   /// The file's path.
   const std::string& path() const { return path_; }
+  /// The tensors' names, sorted.
+  std::vector<std::string> keys() const;
+  /// The dtype of `key`.
+  at::ScalarType dtype(const std::string& key) const { return entry(key).dtype; }
+  /// The shape of `key`.
+  const std::vector<int64_t>& shape(const std::string& key) const { return entry(key).shape; }
 
  private:
   struct Entry {
@@ -63,7 +71,8 @@ struct SafetensorsFile {
   std::map<std::string, std::string> metadata;
 };
 
-/// Reads a whole safetensors file into CPU tensors; throws InputError naming file and key.
+/// Reads a whole safetensors file into CPU tensors, validated as MappedSafetensors is before
+/// anything is allocated; throws InputError naming file and key.
 SafetensorsFile read_safetensors(const std::string& path);
 
 }  // namespace keel
