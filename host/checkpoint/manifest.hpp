@@ -27,9 +27,10 @@ struct EntryRecord {
 };
 
 struct Manifest {
-  static constexpr int kVersion = 1;
+  /// 2: the manifest carries its own checksum. Version 1 (no checksum) is still read.
+  static constexpr int kVersion = 2;
   int64_t step = 0;
-  std::string run_id;  ///< the run that saved it (a fresh id per run started without `load`)
+  std::string run_id;          ///< the run that saved it (a fresh id per run started without `load`)
   uint64_t data_position = 0;  ///< global samples consumed (the stream is split over dp)
   int64_t tokens_seen = 0;
   double lr = 0;  ///< the learning rate of the next step
@@ -39,10 +40,16 @@ struct Manifest {
   std::map<std::string, EntryRecord> entries;
 };
 
-/// The manifest as JSON text.
+/// The manifest as JSON text, with its checksum: the xxh64 of its canonical body (the JSON
+/// without "checksum", keys sorted, no whitespace) in the field "checksum".
 std::string manifest_json(const Manifest& manifest);
 /// Reads `dir`/manifest.json; an InputError names the file and what is wrong.
 Manifest read_manifest(const std::string& dir);
+/// Parses and validates manifest text (`where` names it in errors): the checksum, every field's
+/// type and range, plugin and component names [a-z0-9_]+, and each entry's shards — files named
+/// rank-NNNNN.safetensors, inside the global shape, tiling it exactly. A version-1 manifest
+/// (no checksum) is accepted with a warning; anything else without a checksum is refused.
+Manifest parse_manifest(const std::string& text, const std::string& where);
 
 /// The xxh64 of `size` bytes as 16 hex digits.
 std::string xxh64_hex(const void* data, size_t size);
