@@ -185,9 +185,20 @@ const LoadedPlugin& PluginRegistry::load(const std::string& name_or_path) {
   return raw->plugin;
 }
 
+const LoadedPlugin& PluginRegistry::load_by_name(const std::string& name) {
+  // The whole string, not its C prefix: a name with an embedded NUL must not pass.
+  if (name.empty() || name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") != std::string::npos)
+    throw InputError(cat("invalid plugin name '", name, "': names are [a-z0-9_]+ (a path is not accepted here)"));
+  return load(name);
+}
+
 const keel_component& PluginRegistry::component(const std::string& name_or_path, const std::string& component,
                                                 keel_component_kind kind) {
-  const LoadedPlugin& plugin = load(name_or_path);
+  return component_of(load(name_or_path), component, kind);
+}
+
+const keel_component& PluginRegistry::component_of(const LoadedPlugin& plugin, const std::string& component,
+                                                   keel_component_kind kind) {
   const keel_plugin_descriptor& d = *plugin.descriptor;
   std::vector<std::string> available;
   for (size_t i = 0; i < d.num_components; ++i) {

@@ -30,10 +30,16 @@ class PluginRegistry {
   /// Loads (once) and validates the plugin `name_or_path`: a name [a-z0-9_]+ looked up as
   /// <dir>/<name>.so along the search path, or a path containing '/'. Throws InputError.
   const LoadedPlugin& load(const std::string& name_or_path);
+  /// Loads the plugin `name` only by name: [a-z0-9_]+ looked up along the search path, never a
+  /// path (for names read from files, such as a checkpoint's manifest). Throws InputError.
+  const LoadedPlugin& load_by_name(const std::string& name);
   /// The component `component` of the given kind from plugin `name_or_path`. Throws
   /// InputError when it is absent (listing what the plugin has) or of another kind.
   const keel_component& component(const std::string& name_or_path, const std::string& component,
                                   keel_component_kind kind);
+  /// The component `component` of the given kind from the loaded `plugin`; as component().
+  static const keel_component& component_of(const LoadedPlugin& plugin, const std::string& component,
+                                            keel_component_kind kind);
   /// The directories searched, in order.
   const std::vector<std::string>& search_path() const { return search_path_; }
 

@@ -1,6 +1,7 @@
-// The subcommands of keel-ckpt. Each returns the process's exit status — 0, or 1 when the
-// checkpoint is damaged (verify) or the checkpoints differ (diff) — and throws InputError on
-// bad input (exit 2): a missing folder, a damaged manifest, an unreadable shard.
+// The subcommands of keel-ckpt. Each returns the process's exit status — 0, or 1 when a
+// shard's bytes fail their checksum (verify) or the checkpoints differ (diff) — and throws
+// InputError on bad input (exit 2): a missing folder, a damaged or invalid manifest, a
+// malformed shard file.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -21,7 +22,9 @@ std::string checkpoint_dir(const std::string& path);
 /// with its dtype, global shape and shards.
 int list(const std::string& path);
 
-/// Checks every shard's xxh64; 1 naming the file and key of the first damaged shard.
+/// Checks every shard: its file's header, its dtype and shape against the manifest, its xxh64.
+/// Prints every problem (file and key); 2 when any is structural, 1 when all are checksum
+/// mismatches.
 int verify(const std::string& path);
 
 struct DiffOptions {
@@ -41,6 +44,9 @@ int export_keel(const std::string& path, const std::string& out);
 
 /// Writes the model in Hugging Face transformers' format to the folder `out`
 /// (model.safetensors and the model's files, config.json), through its plugin's export_state.
-int export_hf(const std::string& path, const std::string& out, const std::vector<std::string>& plugin_dirs);
+/// The plugin is `plugin` when given (a name or a path, the user's choice), else the one the
+/// manifest names, loaded by name only (never a path read from the checkpoint).
+int export_hf(const std::string& path, const std::string& out, const std::vector<std::string>& plugin_dirs,
+              const std::string& plugin = "");
 
 }  // namespace keel::ckpt

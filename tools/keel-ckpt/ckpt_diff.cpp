@@ -45,6 +45,11 @@ int diff(const std::string& path_a, const std::string& path_b, const DiffOptions
   for (const CheckpointReader* r : {&a, &b})
     for (const auto& [key, entry] : r->manifest().entries)
       if (compared(key, options)) keys.insert(key);
+  // Both sides' shards checked before anything is compared: a malformed or damaged checkpoint
+  // is refused (exit 2), whether or not its entries would have been read.
+  for (CheckpointReader* r : {&a, &b})
+    for (const std::string& key : keys)
+      if (r->has(key)) r->check_entry(key);
   const bool bitwise = options.rtol == 0 && options.atol == 0;
   c10::NoGradGuard no_grad;
   size_t differ = 0;

@@ -1,6 +1,8 @@
 // keel-ckpt export: the consolidated model of a checkpoint, under Keel's canonical names
 // (--keel) or in Hugging Face transformers' format through the model plugin's export_state
-// (--hf). The plugin and its config come from the checkpoint's manifest.
+// (--hf). The config comes from the checkpoint's manifest; the plugin too, by name on the
+// search path (a checkpoint is untrusted: it never names a file to load), unless --plugin
+// names it.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -54,17 +56,19 @@ int export_keel(const std::string& path, const std::string& out) {
   return 0;
 }
 
-int export_hf(const std::string& path, const std::string& out, const std::vector<std::string>& plugin_dirs) {
+int export_hf(const std::string& path, const std::string& out, const std::vector<std::string>& plugin_dirs,
+              const std::string& plugin) {
   CheckpointReader reader(checkpoint_dir(path));
   const Manifest& m = reader.manifest();
   PluginRegistry registry(plugin_search_path(plugin_dirs));
-  const keel_component& component = registry.component(m.model_plugin, m.model_component, KEEL_COMPONENT_MODEL);
+  const LoadedPlugin& loaded = plugin.empty() ? registry.load_by_name(m.model_plugin) : registry.load(plugin);
+  const keel_component& component = PluginRegistry::component_of(loaded, m.model_component, KEEL_COMPONENT_MODEL);
   // The model exactly as the run configured it, on one rank: export needs no parts.
   ConfigTree tree = ConfigTree::from_string(m.config, (fs::path(reader.dir()) / "manifest.json").string());
   ConfigSection section = tree.section("model");
   Mesh mesh(MeshLayout::compute(1, 1, 1, 0));
   StepMetrics metrics;
-  Model model(component, registry.load(m.model_plugin).descriptor->plugin_name, section, HostServices{&mesh, &metrics});
+  Model model(component, loaded.descriptor->plugin_name, section, HostServices{&mesh, &metrics});
   ModelExport exported = model.export_state("hf", model_state(reader));
   fs::create_directories(out);
   // transformers refuses safetensors files without the "format" metadata.

@@ -15,6 +15,18 @@ namespace {
 
 std::string shape_text(const std::vector<int64_t>& shape) { return cat(at::IntArrayRef(shape)); }
 
+std::vector<std::string> split_lines(const std::string& text) {
+  std::vector<std::string> lines;
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    lines.push_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  return lines;
+}
+
 }  // namespace
 
 std::string checkpoint_dir(const std::string& path) {
@@ -51,16 +63,15 @@ int list(const std::string& path) {
 }
 
 int verify(const std::string& path) {
-  CheckpointReader reader(checkpoint_dir(path));
-  size_t shards = 0;
-  try {
-    shards = reader.verify_all();
-  } catch (const InputError& e) {
-    // The manifest was readable: what fails now is the data it describes.
-    std::fprintf(stderr, "keel-ckpt verify: %s\n", e.what());
-    return 1;
+  CheckpointReader reader(checkpoint_dir(path));  // the manifest, validated whole
+  const VerifyReport report = reader.verify();
+  if (!report.ok()) {
+    for (const std::string& line : split_lines(report.summary()))
+      std::fprintf(stderr, "keel-ckpt verify: %s\n", line.c_str());
+    // Bytes that fail their checksum are damage (1); anything else is a malformed checkpoint (2).
+    return report.malformed.empty() ? 1 : 2;
   }
-  std::printf("ok: %zu shards of %zu entries verified (%s)\n", shards, reader.manifest().entries.size(),
+  std::printf("ok: %zu shards of %zu entries verified (%s)\n", report.shards, reader.manifest().entries.size(),
               reader.dir().c_str());
   return 0;
 }

@@ -1,7 +1,9 @@
 // keel-ckpt: lists, verifies, compares and exports Keel checkpoints.
 //   keel-ckpt ls DIR | verify DIR | diff A B [--rtol R --atol T --prefix P] |
-//             export (--hf OUT | --keel OUT.safetensors) DIR [--plugin-path P]
+//             export (--hf OUT | --keel OUT.safetensors) DIR [--plugin NAME] [--plugin-path P]
 // Exit status: 0 done (equal), 1 damaged (verify) or different (diff) or a failure, 2 bad input.
+#include <c10/util/Exception.h>
+
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <iostream>
@@ -20,7 +22,8 @@ namespace {
 const char* kUsage =
     "Usage: keel-ckpt COMMAND [options]\n"
     "  ls DIR                             the checkpoint's step, mesh, model, data position and every entry\n"
-    "  verify DIR                         checks every shard's xxh64 (exit 1 on damage, naming file and key)\n"
+    "  verify DIR                         checks every shard (exit 1 on a checksum mismatch, 2 on a malformed\n"
+    "                                     checkpoint; each problem named by file and key)\n"
     "  diff A B                           compares two checkpoints entry by entry (exit 1 if they differ)\n"
     "  export --hf OUT DIR                the model in Hugging Face transformers' format (folder OUT)\n"
     "  export --keel OUT.safetensors DIR  the consolidated model under Keel's canonical names\n"
@@ -55,10 +58,12 @@ struct Command {
 namespace ck = keel::ckpt;
 
 int ls_or_verify(const std::string& name, const std::vector<std::string>& args) {
-  Command c(name == "ls" ? "Usage: keel-ckpt ls DIR\n  Prints the checkpoint's header and every entry: key, "
-                           "dtype, global shape, shards (file @ offsets).\nOptions"
-                         : "Usage: keel-ckpt verify DIR\n  Checks the xxh64 of every shard of every entry; exit 1 "
-                           "naming the file and key of a damaged one.\nOptions");
+  Command c(name == "ls"
+                ? "Usage: keel-ckpt ls DIR\n  Prints the checkpoint's header and every entry: key, "
+                  "dtype, global shape, shards (file @ offsets).\nOptions"
+                : "Usage: keel-ckpt verify DIR\n  Validates the manifest, then every shard of every entry: its "
+                  "file's header,\n  its dtype and shape, its xxh64. Prints every problem naming the file and "
+                  "key;\n  exit 1 when all are checksum mismatches, 2 when any is malformed.\nOptions");
   c.hidden.add_options()("dir", po::value<std::string>());
   c.positional.add("dir", 1);
   if (!c.parse(args, name.c_str())) return 2;
@@ -97,13 +102,15 @@ int diff(const std::vector<std::string>& args) {
 
 int export_model(const std::vector<std::string>& args) {
   Command c(
-      "Usage: keel-ckpt export (--hf OUT | --keel OUT.safetensors) DIR [--plugin-path P]...\n"
+      "Usage: keel-ckpt export (--hf OUT | --keel OUT.safetensors) DIR [--plugin NAME] [--plugin-path P]...\n"
       "  Consolidates the checkpoint's model (every model.* entry, under its canonical FQN).\n"
-      "  --hf: the model plugin named in the manifest converts it to Hugging Face transformers' format\n"
+      "  --hf: the model plugin converts it to Hugging Face transformers' format: the plugin the manifest\n"
+      "  names, looked up by name on the plugin search path, or the one --plugin gives (a name or a path)\n"
       "  (OUT/model.safetensors, OUT/config.json); what it cannot express is left out and logged\n"
       "  (deepseek_v3_mtp: the MTP modules). Optimizer, clipper and RNG state are never exported.\nOptions");
   c.options.add_options()("hf", po::value<std::string>(), "write a Hugging Face folder OUT")(
       "keel", po::value<std::string>(), "write one safetensors file with Keel's names")(
+      "plugin", po::value<std::string>(), "the model plugin for --hf (a name or a path), instead of the manifest's")(
       "plugin-path", po::value<std::vector<std::string>>()->composing(),
       "a folder searched first for plugins (repeatable)");
   c.hidden.add_options()("dir", po::value<std::string>());
@@ -117,7 +124,8 @@ int export_model(const std::vector<std::string>& args) {
   if (native) return ck::export_keel(dir, c.vm["keel"].as<std::string>());
   std::vector<std::string> plugin_dirs;
   if (c.vm.count("plugin-path") != 0) plugin_dirs = c.vm["plugin-path"].as<std::vector<std::string>>();
-  return ck::export_hf(dir, c.vm["hf"].as<std::string>(), plugin_dirs);
+  const std::string plugin = c.vm.count("plugin") != 0 ? c.vm["plugin"].as<std::string>() : std::string();
+  return ck::export_hf(dir, c.vm["hf"].as<std::string>(), plugin_dirs, plugin);
 }
 
 int run(const std::string& name, const std::vector<std::string>& args) {
@@ -139,8 +147,15 @@ int main(int argc, char** argv) {
   } catch (const keel::InputError& e) {
     keel::log_line(keel::LogLevel::error, e.what());
     return 2;
+  } catch (const c10::Error& e) {
+    // LibTorch's message without its stack trace.
+    keel::log_line(keel::LogLevel::error, e.what_without_backtrace());
+    return 1;
   } catch (const std::exception& e) {
     keel::log_line(keel::LogLevel::error, e.what());
+    return 1;
+  } catch (...) {
+    keel::log_line(keel::LogLevel::error, "keel-ckpt: unknown exception");
     return 1;
   }
 }
