@@ -10,6 +10,7 @@
 
 #include "common/error.hpp"
 #include "common/text.hpp"
+#include "common/utf8.hpp"
 #include "config/toml_depth.hpp"
 
 namespace keel {
@@ -68,8 +69,10 @@ std::string short_text(const toml::value& value) {
 }
 
 // Every TOML text Keel parses (a job file, a --set value, a manifest's config) comes through
-// here: the nesting is bounded before toml11, which recurses, sees it.
+// here: it must be UTF-8 and its nesting is bounded before toml11 (which over-reads on some
+// invalid sequences and recurses once per level) sees it.
 toml::value parse_text(const std::string& text, const std::string& name, const std::string& what) {
+  check_utf8(text, name);
   check_toml_depth(text, name);
   std::istringstream stream(text);
   try {
@@ -114,7 +117,9 @@ void ConfigTree::set(const std::string& assignment) {
     throw InputError(cat(origin, ": the key must be section.key, got '", dotted, "'"));
 
   toml::value parsed;
+  check_utf8(assignment, origin);
   check_toml_depth("v = " + text, origin);
+  check_toml_depth("v = \"" + text + "\"", origin);  // the bare-word reading below
   try {
     std::istringstream stream("v = " + text);
     parsed = toml::find(toml::parse(stream, origin), "v");

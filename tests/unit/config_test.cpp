@@ -206,6 +206,23 @@ TEST(ConfigNesting, StringsCommentsAndModestNestingAreNotCounted) {
   EXPECT_THROW(ConfigTree::from_string("x = [\"\"\"a\"\"\"\", " + brackets + "]\n", "job.toml"), InputError);
 }
 
+TEST(ConfigEncoding, InvalidUtf8IsRefusedBeforeTheParserSeesItNamingTheLine) {
+  // toml11 over-reads its buffer on some invalid sequences inside strings (found by fuzzing):
+  // an unterminated literal string holding 0xff bytes, a multi-line one holding 0xfa; also an
+  // overlong '/' and a surrogate.
+  for (const std::string& bad : {std::string("'nt\"\xff\xff\xff"), std::string("'''a\xfa'''b"),
+                                 std::string("\"\xc0\xaf\""), std::string("\"\xed\xa0\x80\"")}) {
+    std::string message = host_error(kModel + "[job]\nname = " + bad + "\n");
+    EXPECT_NE(message.find("job.toml:4: not valid UTF-8"), std::string::npos) << message;
+  }
+  std::string message = host_error(kModel, {"job.name='\xff"});
+  EXPECT_NE(message.find("not valid UTF-8"), std::string::npos) << message;
+  // Well-formed multi-byte text passes.
+  const std::string name = "d\xc3\xa9j\xc3\xa0 \xe2\x82\xac \xf0\x9f\x99\x82";
+  ConfigTree tree = ConfigTree::from_string("[job]\nname = \"" + name + "\"\n", "job.toml");
+  EXPECT_EQ(tree.section("job").string("name", ""), name);
+}
+
 TEST(ConfigFile, AFolderOrAMissingFileIsRefusedNamingIt) {
   test::TempDir dir;
   try {
