@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "common/text.hpp"
+#include "common/torch_compat.hpp"
 
 namespace keel {
 
@@ -71,7 +72,7 @@ class C10dGroup final : public Group {
   }
   void all_gather(at::Tensor& output, const at::Tensor& input) override {
     at::Tensor in = input.contiguous();
-    backend_for(output).all_gather_single(output, in)->wait();
+    torch_compat::all_gather_single(backend_for(output), output, in)->wait();
   }
   void reduce_scatter(at::Tensor& output, const at::Tensor& input, keel_reduce_op op) override {
     // Gloo has no reduce-scatter of one buffer: reduce the whole input, keep this member's slice.
@@ -83,7 +84,7 @@ class C10dGroup final : public Group {
                   const std::vector<int64_t>& input_splits) override {
     std::vector<int64_t> out_splits = output_splits, in_splits = input_splits;
     at::Tensor in = input.contiguous();
-    backend_for(output).all_to_all_single(output, in, out_splits, in_splits)->wait();
+    torch_compat::all_to_all_single(backend_for(output), output, in, out_splits, in_splits)->wait();
   }
   void send(const at::Tensor& tensor, int peer, int tag) override {
     std::vector<at::Tensor> tensors{tensor.contiguous()};
