@@ -65,7 +65,11 @@ add_library(Keel::torch INTERFACE IMPORTED GLOBAL)
 set_target_properties(Keel::torch PROPERTIES
   INTERFACE_INCLUDE_DIRECTORIES "${KEEL_TORCH_ROOT}/include;${KEEL_TORCH_ROOT}/include/torch/csrc/api/include"
   INTERFACE_COMPILE_DEFINITIONS "_GLIBCXX_USE_CXX11_ABI=1")
-set(_keel_torch_libs "${KEEL_TORCH_ROOT}/lib/libtorch.so" "${KEEL_TORCH_ROOT}/lib/libtorch_cpu.so"
+# libstdc++ first: LibTorch 2.11's libtorch.so exports a copy of std::filesystem (remove_all,
+# status, ...) that crashes when called from Keel; the first library needed that defines a
+# symbol is the one every caller gets, so libstdc++ must come before LibTorch.
+set(_keel_torch_libs "-Wl,--push-state,--no-as-needed" "-lstdc++" "-Wl,--pop-state"
+                     "${KEEL_TORCH_ROOT}/lib/libtorch.so" "${KEEL_TORCH_ROOT}/lib/libtorch_cpu.so"
                      "${KEEL_TORCH_ROOT}/lib/libc10.so")
 set(_keel_link_options "LINKER:-rpath,${KEEL_TORCH_ROOT}/lib")
 foreach(_dir IN LISTS _keel_nvidia_libs)
