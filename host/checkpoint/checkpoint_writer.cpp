@@ -5,10 +5,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <random>
 #include <regex>
 
 #include "checkpoint/safetensors.hpp"
@@ -23,11 +28,19 @@ namespace {
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
+std::string os_error(const std::string& what, const fs::path& path) {
+  return cat(what, " ", path.string(), ": ", std::strerror(errno));
+}
+
 // Makes a rename or a new file in `dir` durable.
 void sync_dir(const fs::path& dir) {
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd < 0) throw std::runtime_error(cat("cannot open folder ", dir.string(), " to sync it"));
-  ::fsync(fd);
+  if (fd < 0) throw std::runtime_error(os_error("cannot open folder", dir) + " (to sync it)");
+  if (::fsync(fd) != 0) {
+    const std::string error = os_error("cannot sync folder", dir);
+    ::close(fd);
+    throw std::runtime_error(error);
+  }
   ::close(fd);
 }
 
@@ -36,19 +49,28 @@ void write_durably(const fs::path& path, const std::string& text) {
   partial += ".partial";
   {
     std::ofstream out(partial, std::ios::trunc);
+    if (!out) throw std::runtime_error(os_error("cannot create", partial));
     out << text;
     out.flush();
-    if (!out) throw std::runtime_error(cat("cannot write ", partial.string()));
+    if (!out) throw std::runtime_error(os_error("cannot write", partial));
   }
   int fd = ::open(partial.c_str(), O_RDONLY);
-  if (fd >= 0) {
-    ::fsync(fd);
+  if (fd < 0) throw std::runtime_error(os_error("cannot open", partial) + " (to sync it)");
+  if (::fsync(fd) != 0) {
+    const std::string error = os_error("cannot sync", partial);
     ::close(fd);
+    throw std::runtime_error(error);
   }
+  ::close(fd);
   fs::rename(partial, path);
 }
 
 std::string step_dir(int64_t step) { return "step-" + std::to_string(step); }
+
+bool complete(const fs::path& dir) {
+  std::error_code ec;
+  return fs::is_directory(dir, ec) && fs::is_regular_file(dir / "manifest.json", ec);
+}
 
 int64_t volume(const std::vector<int64_t>& shape) {
   int64_t n = 1;
@@ -56,95 +78,266 @@ int64_t volume(const std::vector<int64_t>& shape) {
   return n;
 }
 
-void barrier(Group& group) {
-  at::Tensor token = at::zeros({1}, at::kFloat);
-  group.all_reduce(token, KEEL_REDUCE_SUM);
+// A checkpoint's save record (`save.json`): which run saved it, and as its how-manyth save.
+// Written next to the manifest by rank 0; read only to order and select what to prune.
+struct SaveRecord {
+  std::string run_id;
+  int64_t number = 0;
+};
+
+const char* const kSaveRecord = "save.json";
+
+std::optional<SaveRecord> read_save_record(const fs::path& dir) {
+  std::ifstream in(dir / kSaveRecord);
+  if (!in) return std::nullopt;
+  try {
+    nlohmann::json j = nlohmann::json::parse(in);
+    SaveRecord r{j.at("run_id").get<std::string>(), j.at("save").get<int64_t>()};
+    if (!valid_run_id(r.run_id) || r.number < 1) return std::nullopt;
+    return r;
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;  // unreadable: the checkpoint is not known to be this run's, so it is kept
+  }
+}
+
+// The run id in `dir`'s manifest, or nullopt when the manifest is unreadable.
+std::optional<std::string> manifest_run_id(const fs::path& dir) {
+  try {
+    return read_manifest(dir.string()).run_id;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+bool same_folder(const fs::path& a, const std::string& b) {
+  std::error_code ec;
+  return !b.empty() && fs::equivalent(a, b, ec) && !ec;
+}
+
+// Leftovers of saves and prunes under `root`: `step-<N>.<suffix>` folders, by N.
+struct Leftover {
+  fs::path path;
+  int64_t step;
+  std::string suffix;  // "partial", "old" or "deleting"
+};
+
+std::vector<Leftover> leftovers(const fs::path& root) {
+  static const std::regex name("step-(\\d{1,18})\\.(partial|old|deleting)");
+  std::vector<Leftover> found;
+  for (const auto& item : fs::directory_iterator(root)) {
+    const std::string base = item.path().filename().string();
+    std::smatch m;
+    if (std::regex_match(base, m, name)) found.push_back({item.path(), std::stoll(m[1]), m[2]});
+  }
+  return found;
 }
 
 }  // namespace
 
-std::string CheckpointWriter::file_name(int rank) { return format("rank-%05d.safetensors", rank); }
-
-CheckpointWriter::CheckpointWriter(std::string root, Group& group, int64_t keep_latest, bool async)
-    : root_(std::move(root)), group_(group), keep_latest_(keep_latest), async_(async) {}
-
-CheckpointWriter::~CheckpointWriter() {
-  try {
-    wait();
-  } catch (const std::exception& e) {
-    log_line(LogLevel::error, cat("checkpoint: the last save failed: ", e.what()));
-  }
+SavePhase save_phase(const std::string& name) {
+  static const std::map<std::string, SavePhase> phases = {
+      {"written", SavePhase::written},     {"gathered", SavePhase::gathered}, {"manifest", SavePhase::manifest},
+      {"displaced", SavePhase::displaced}, {"renamed", SavePhase::renamed},   {"latest", SavePhase::latest},
+      {"pruned", SavePhase::pruned}};
+  auto it = phases.find(name);
+  return it == phases.end() ? SavePhase::none : it->second;
 }
 
-void CheckpointWriter::wait() {
-  if (worker_.joinable()) {
-    worker_.join();
-    timing_ = pending_timing_;
-    last_path_ = pending_path_;
+std::string new_run_id() {
+  std::random_device device;
+  const uint64_t id = (static_cast<uint64_t>(device()) << 32) ^ static_cast<uint64_t>(device());
+  return format("%016llx", static_cast<unsigned long long>(id));
+}
+
+bool valid_run_id(const std::string& id) {
+  static const std::regex hex("[0-9a-f]{1,64}");
+  return std::regex_match(id, hex);
+}
+
+std::vector<std::string> complete_checkpoints(const std::string& root) {
+  static const std::regex name("step-\\d{1,18}");
+  std::vector<std::string> found;
+  std::error_code ec;
+  for (const auto& item : fs::directory_iterator(root, ec))
+    if (std::regex_match(item.path().filename().string(), name) && complete(item.path()))
+      found.push_back(item.path().filename().string());
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+std::vector<std::string> recover_interrupted_saves(const std::string& root_name) {
+  const fs::path root(root_name);
+  std::vector<std::string> done;
+  if (!fs::is_directory(root)) return done;
+  for (const Leftover& l : leftovers(root)) {
+    const fs::path target = root / step_dir(l.step);
+    if (l.suffix == "deleting" || complete(target) || !complete(l.path)) continue;
+    // A complete `.partial` is the newer copy (every rank wrote, the manifest followed); an
+    // `.old` is the step a replacement moved aside. The newer wins when both are there.
+    const fs::path newer = root / (step_dir(l.step) + ".partial");
+    const fs::path source = complete(newer) ? newer : l.path;
+    if (fs::exists(target)) {  // a folder without manifest under the name: never loadable
+      fs::path doomed = target;
+      doomed += ".deleting";
+      fs::remove_all(doomed);
+      fs::rename(target, doomed);
+    }
+    fs::rename(source, target);
+    done.push_back(cat(target.string(), " restored from ", source.filename().string()));
   }
-  if (error_) {
-    std::exception_ptr e = error_;
-    error_ = nullptr;
-    std::rethrow_exception(e);
-  }
+  if (!done.empty()) sync_dir(root);
+  return done;
+}
+
+std::string CheckpointWriter::file_name(int rank) { return format("rank-%05d.safetensors", rank); }
+
+CheckpointWriter::CheckpointWriter(CheckpointWriterOptions options, Group& group)
+    : options_(std::move(options)), group_(group) {}
+
+CheckpointWriter::~CheckpointWriter() {
+  join();
+  for (const SaveOutcome& o : outcomes_)
+    if (!o.ok()) log_line(LogLevel::error, cat("checkpoint ", o.path, " failed: ", o.failure));
+}
+
+void CheckpointWriter::join() {
+  if (!worker_.joinable()) return;
+  worker_.join();
+  outcomes_.push_back(background_);
+}
+
+std::optional<SaveOutcome> CheckpointWriter::take_outcome() {
+  join();
+  if (outcomes_.empty()) return std::nullopt;
+  SaveOutcome o = std::move(outcomes_.front());
+  outcomes_.pop_front();
+  return o;
+}
+
+void CheckpointWriter::crash_if(int64_t step, SavePhase phase) const {
+  if (step == crash_step_ && phase == crash_phase_) ::raise(SIGKILL);
 }
 
 void CheckpointWriter::save(const Manifest& header, std::vector<TensorPiece> pieces) {
   const double started = now();
-  wait();
-  const fs::path partial = fs::path(root_) / (step_dir(header.step) + ".partial");
-  // A partial folder of this step left by a killed run is cleared before anyone writes into it.
+  join();
+  const fs::path root(options_.root), partial = root / (step_dir(header.step) + ".partial");
+  const std::string path = (root / step_dir(header.step)).string();
+  // Rank 0 prepares the folder (a partial folder of this step left by a killed run is cleared
+  // before anyone writes into it, unless it is the only complete copy of the step); its status
+  // is gathered, so a failure here stops this save on every rank at once.
+  std::string prepared;
   if (group_.rank() == 0) {
-    fs::remove_all(partial);
-    fs::create_directories(partial);
+    try {
+      fs::create_directories(root);
+      recover_interrupted_saves(options_.root);
+      fs::remove_all(partial);
+      fs::create_directories(partial);
+    } catch (const std::exception& e) {
+      prepared = cat("rank ", group_.world_ranks()[0], ": ", e.what());
+    }
   }
-  barrier(group_);
+  prepared = all_gather_bytes(group_, prepared)[0];
+  if (!prepared.empty()) {
+    outcomes_.push_back({header.step, path, prepared, {}});
+    return;
+  }
   for (TensorPiece& p : pieces) {
     at::Tensor t = p.tensor.detach().to(at::kCPU);
     // Asynchronous: a private copy, since training changes the tensors while the thread writes.
-    p.tensor = async_ ? t.clone(at::MemoryFormat::Contiguous) : t.contiguous();
+    p.tensor = options_.async ? t.clone(at::MemoryFormat::Contiguous) : t.contiguous();
   }
   const double blocked = now() - started;
-  if (!async_) {
-    write_and_commit(header, pieces, blocked, started);
-    timing_ = pending_timing_;
-    last_path_ = pending_path_;
+  if (!options_.async) {
+    outcomes_.push_back(write_and_commit(header, pieces, blocked, started));
     return;
   }
+  done_ = false;
+  failed_ = false;
   worker_ = std::thread([this, header, pieces = std::move(pieces), blocked, started] {
-    try {
-      write_and_commit(header, pieces, blocked, started);
-    } catch (...) {
-      error_ = std::current_exception();
-    }
+    background_ = write_and_commit(header, pieces, blocked, started);
+    failed_ = !background_.ok();
+    done_ = true;
   });
 }
 
-void CheckpointWriter::write_and_commit(const Manifest& header, const std::vector<TensorPiece>& pieces, double blocked,
-                                        double started) {
-  const fs::path partial = fs::path(root_) / (step_dir(header.step) + ".partial");
-  const std::string file = file_name(group_.world_ranks()[static_cast<size_t>(group_.rank())]);
-  std::vector<std::pair<std::string, at::Tensor>> tensors;
-  nlohmann::json mine = nlohmann::json::array();
+SaveOutcome CheckpointWriter::write_and_commit(const Manifest& header, const std::vector<TensorPiece>& pieces,
+                                               double blocked, double started) {
+  SaveOutcome outcome;
+  outcome.step = header.step;
+  const fs::path root(options_.root), partial = root / (step_dir(header.step) + ".partial");
+  outcome.path = (root / step_dir(header.step)).string();
+  const int world_rank = group_.world_ranks()[static_cast<size_t>(group_.rank())];
+  const std::string file = file_name(world_rank);
+  nlohmann::json message = {{"file", file}};
   uint64_t bytes = 0;
-  for (const TensorPiece& p : pieces) {
-    tensors.emplace_back(p.key, p.tensor);
-    mine.push_back({p.key, safetensors_dtype(p.tensor.scalar_type()), p.global_shape(), p.offsets(),
-                    p.tensor.sizes().vec(), xxh64_hex(p.tensor.data_ptr(), p.tensor.nbytes())});
-    bytes += p.tensor.nbytes();
+  // A failure is this rank's message in the gather: the others learn it there instead of
+  // waiting for entries that never come.
+  try {
+    std::vector<std::pair<std::string, at::Tensor>> tensors;
+    nlohmann::json mine = nlohmann::json::array();
+    for (const TensorPiece& p : pieces) {
+      tensors.emplace_back(p.key, p.tensor);
+      mine.push_back({p.key, safetensors_dtype(p.tensor.scalar_type()), p.global_shape(), p.offsets(),
+                      p.tensor.sizes().vec(), xxh64_hex(p.tensor.data_ptr(), p.tensor.nbytes())});
+      bytes += p.tensor.nbytes();
+    }
+    if (header.step == fail_write_step_)
+      throw std::runtime_error(
+          cat("cannot write ", (partial / file).string(), ": injected failure (debug.fail_checkpoint_write)"));
+    write_safetensors((partial / file).string(), tensors, {{"format", "keel-checkpoint-shard"}}, /*durable=*/true);
+    message["entries"] = std::move(mine);
+  } catch (const std::exception& e) {
+    message["error"] = e.what();
   }
-  write_safetensors((partial / file).string(), tensors, {{"format", "keel-checkpoint-shard"}}, /*durable=*/true);
-  if (header.step == crash_step_) ::raise(SIGKILL);
-  nlohmann::json message = {{"file", file}, {"entries", mine}};
-  // Gathering every rank's entries is also the barrier: all files are on disk after it.
-  std::vector<std::string> gathered = all_gather_bytes(group_, message.dump());
-  if (group_.rank() == 0) commit(header, gathered);
-  pending_timing_ = {blocked, now() - started, bytes};
-  pending_path_ = (fs::path(root_) / step_dir(header.step)).string();
+  crash_if(header.step, SavePhase::written);
+  std::vector<std::string> failures;
+  try {
+    // Gathering every rank's entries is also the barrier: all files are on disk after it.
+    std::vector<std::string> gathered = all_gather_bytes(group_, message.dump());
+    for (size_t r = 0; r < gathered.size(); ++r) {
+      nlohmann::json m = nlohmann::json::parse(gathered[r]);
+      if (m.contains("error"))
+        failures.push_back(cat("rank ", group_.world_ranks()[r], ": ", m.at("error").get<std::string>()));
+    }
+    // The same list on every rank: either all ranks take the commit's status or none does.
+    if (failures.empty()) {
+      std::string committed;
+      if (group_.rank() == 0) {
+        try {
+          commit(header, gathered);
+        } catch (const std::exception& e) {
+          committed = cat("rank ", world_rank, ": ", e.what());
+        }
+      }
+      committed = all_gather_bytes(group_, committed)[0];
+      if (!committed.empty()) failures.push_back(committed);
+    }
+  } catch (const std::exception& e) {
+    failures.push_back(cat("rank ", world_rank, ": ", e.what()));
+  }
+  if (!failures.empty() && group_.rank() == 0) {
+    // Space back: the failed save's partial folder, unless it is the only complete copy.
+    std::error_code ec;
+    if (!complete(partial) || complete(outcome.path)) fs::remove_all(partial, ec);
+  }
+  outcome.failure = keel::join(failures, "; ");
+  outcome.timing = {blocked, now() - started, bytes};
+  return outcome;
+}
+
+int64_t CheckpointWriter::next_save_number() const {
+  int64_t last = 0;
+  for (const std::string& name : complete_checkpoints(options_.root)) {
+    std::optional<SaveRecord> r = read_save_record(fs::path(options_.root) / name);
+    if (r && r->run_id == options_.run_id) last = std::max(last, r->number);
+  }
+  return last + 1;
 }
 
 void CheckpointWriter::commit(Manifest manifest, const std::vector<std::string>& gathered) {
   manifest.entries.clear();
+  manifest.run_id = options_.run_id;
   for (const std::string& text : gathered) {
     nlohmann::json message = nlohmann::json::parse(text);
     const std::string file = message.at("file").get<std::string>();
@@ -165,41 +358,70 @@ void CheckpointWriter::commit(Manifest manifest, const std::vector<std::string>&
       throw std::runtime_error(cat("checkpoint step ", manifest.step, ": the shards of '", key, "' cover ", covered,
                                    " of ", volume(entry.shape), " elements"));
   }
-  const fs::path root(root_), partial = root / (step_dir(manifest.step) + ".partial"),
-                              final_dir = root / step_dir(manifest.step);
+  crash_if(manifest.step, SavePhase::gathered);
+  const fs::path root(options_.root), partial = root / (step_dir(manifest.step) + ".partial"),
+                                      final_dir = root / step_dir(manifest.step),
+                                      old = root / (step_dir(manifest.step) + ".old");
+  if (manifest.step == fail_commit_step_)
+    throw std::runtime_error(
+        cat("cannot commit ", final_dir.string(), ": injected failure (debug.fail_checkpoint_commit)"));
+  const bool replacing = complete(final_dir);
+  if (replacing) {
+    // Only this run's own checkpoint (or the one it loaded) is replaced: another run's stays.
+    std::optional<std::string> owner = manifest_run_id(final_dir);
+    if (owner != options_.run_id && !same_folder(final_dir, options_.loaded_dir))
+      throw std::runtime_error(cat("cannot replace ", final_dir.string(), ": it holds a checkpoint of run '",
+                                   owner.value_or("(unreadable manifest)"), "', this is run '", options_.run_id, "'"));
+  }
+  write_durably(
+      partial / kSaveRecord,
+      nlohmann::json{{"run_id", options_.run_id}, {"save", next_save_number()}, {"step", manifest.step}}.dump());
   write_durably(partial / "manifest.json", manifest_json(manifest));
   sync_dir(partial);
-  if (fs::exists(final_dir)) {  // a checkpoint of this step from an earlier run: replaced whole
-    fs::path old = root / (step_dir(manifest.step) + ".deleting");
+  crash_if(manifest.step, SavePhase::manifest);
+  if (replacing) {
+    // The old copy steps aside under `.old` and is removed only once the new one is in place:
+    // at every instant one complete copy exists (recover_interrupted_saves restores a name).
     fs::remove_all(old);
     fs::rename(final_dir, old);
-    fs::remove_all(old);
+    sync_dir(root);
+    crash_if(manifest.step, SavePhase::displaced);
   }
   fs::rename(partial, final_dir);
   sync_dir(root);
+  crash_if(manifest.step, SavePhase::renamed);
   write_durably(root / "latest", step_dir(manifest.step) + "\n");
   sync_dir(root);
+  crash_if(manifest.step, SavePhase::latest);
   prune();
+  crash_if(manifest.step, SavePhase::pruned);
 }
 
 void CheckpointWriter::prune() const {
-  static const std::regex complete("step-(\\d+)"), leftover("step-\\d+\\.(partial|deleting)");
-  std::vector<std::pair<int64_t, fs::path>> steps;
-  for (const auto& item : fs::directory_iterator(root_)) {
-    const std::string name = item.path().filename().string();
-    std::smatch m;
-    if (std::regex_match(name, m, complete) && fs::exists(item.path() / "manifest.json"))
-      steps.emplace_back(std::stoll(m[1]), item.path());
-    else if (std::regex_match(name, leftover))
-      fs::remove_all(item.path());  // a killed save's or prune's remains: never loadable
+  const fs::path root(options_.root);
+  // Remains of killed saves and prunes: removed where a complete copy of the step exists under
+  // its own name; a complete `.partial`/`.old` that is the only copy stays for recovery.
+  for (const Leftover& l : leftovers(root))
+    if (l.suffix == "deleting" || !complete(l.path) || complete(root / step_dir(l.step))) fs::remove_all(l.path);
+  if (options_.keep_latest <= 0) return;
+  std::string named;
+  std::ifstream(root / "latest") >> named;
+  // This run's checkpoints (save record and manifest agree on the id), newest save first.
+  std::vector<std::pair<int64_t, fs::path>> mine;
+  for (const std::string& name : complete_checkpoints(options_.root)) {
+    const fs::path dir = root / name;
+    std::optional<SaveRecord> r = read_save_record(dir);
+    if (r && r->run_id == options_.run_id && manifest_run_id(dir) == options_.run_id) mine.emplace_back(r->number, dir);
   }
-  if (keep_latest_ <= 0 || static_cast<int64_t>(steps.size()) <= keep_latest_) return;
-  std::sort(steps.begin(), steps.end());
-  for (size_t i = 0; i + static_cast<size_t>(keep_latest_) < steps.size(); ++i) {
+  std::sort(mine.begin(), mine.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (size_t i = static_cast<size_t>(options_.keep_latest); i < mine.size(); ++i) {
+    const fs::path& dir = mine[i].second;
+    if (dir.filename() == named || same_folder(dir, options_.loaded_dir)) continue;
     // Renamed first, so a kill during the removal leaves no half folder under a loadable name.
-    fs::path doomed = steps[i].second;
+    fs::path doomed = dir;
     doomed += ".deleting";
-    fs::rename(steps[i].second, doomed);
+    fs::rename(dir, doomed);
+    sync_dir(root);
     fs::remove_all(doomed);
   }
 }

@@ -159,6 +159,7 @@ JobConfig read_job_config(ConfigTree& tree, int world_size, bool cuda_available)
                            c.checkpoint.load, "'"));
   c.checkpoint.load_model_only = ck.boolean("load_model_only", false);
   if (c.checkpoint.load_model_only && c.checkpoint.load.empty()) ck.invalid("load_model_only", "needs checkpoint.load");
+  c.checkpoint.on_save_failure = ck.choice("on_save_failure", "stop", {"stop", "continue"});
 
   ConfigSection met = tree.section("metrics");
   c.metrics.log_interval = at_least(met, "log_interval", 10, 1);
@@ -172,6 +173,12 @@ JobConfig read_job_config(ConfigTree& tree, int world_size, bool cuda_available)
   c.debug.nan_grad_step = at_least(dbg, "nan_grad_step", 0, 0);
   c.debug.nan_grad_rank = dbg.integer("nan_grad_rank", 0, 0, kMaxRanksPerDim * kMaxRanksPerDim - 1);
   c.debug.nan_grad_param = dbg.string("nan_grad_param", "*");
+  c.debug.crash_in_checkpoint_phase =
+      dbg.choice("crash_in_checkpoint_phase", "written",
+                 {"written", "gathered", "manifest", "displaced", "renamed", "latest", "pruned"});
+  c.debug.fail_checkpoint_write = at_least(dbg, "fail_checkpoint_write", 0, 0);
+  c.debug.fail_checkpoint_write_rank = at_least(dbg, "fail_checkpoint_write_rank", -1, -1);
+  c.debug.fail_checkpoint_commit = at_least(dbg, "fail_checkpoint_commit", 0, 0);
   return c;
 }
 

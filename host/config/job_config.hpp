@@ -75,6 +75,7 @@ struct CheckpointSection {
   bool async = false;       ///< write in the background from a host-memory snapshot
   std::string load;         ///< "" (start fresh) | "latest" | a step number | a path
   bool load_model_only = false;
+  std::string on_save_failure = "stop";  ///< "stop" (after the final weights, exit 1) | "continue"
 };
 
 struct MetricsSection {
@@ -86,7 +87,11 @@ struct DebugSection {
   int64_t replica_check_interval = 0;
   std::string perturb_replicas = "none";  ///< fault injection: "none" | "before_post_init" | "after_post_init"
   bool dump_state = false;                ///< write final/state.safetensors (parameters, buffers, optimizer)
-  int64_t crash_in_checkpoint = 0;        ///< fault injection: the last rank dies while saving this step
+  int64_t crash_in_checkpoint = 0;        ///< fault injection: a rank dies while saving this step
+  std::string crash_in_checkpoint_phase = "written";  ///< ... at this phase (SavePhase's names)
+  int64_t fail_checkpoint_write = 0;                  ///< fault injection: a rank's file of this step fails to write
+  int64_t fail_checkpoint_write_rank = -1;            ///< ... on this rank (-1: the last)
+  int64_t fail_checkpoint_commit = 0;                 ///< fault injection: rank 0's commit of this step fails
   int64_t nan_grad_step = 0;              ///< fault injection: a NaN gradient at this step (0 = never) ...
   int64_t nan_grad_rank = 0;              ///< ... on this rank ...
   std::string nan_grad_param = "*";       ///< ... in the first parameter whose FQN matches this glob

@@ -60,13 +60,7 @@ Trainer::Trainer(Job& job) : job_(job) {
   }
   if (c.debug.perturb_replicas == "before_post_init")
     log_warn(cat("debug.perturb_replicas: perturbed ", perturb_replicas(params_), " replica(s) before post_init"));
-  if (!c.checkpoint.load.empty()) {
-    std::string dir = resolve_checkpoint(c.checkpoint.dir, c.checkpoint.load);
-    if (dir.empty())
-      log_info(cat("checkpoint.load = \"latest\": no checkpoint in ", c.checkpoint.dir, " yet; starting fresh"));
-    else
-      loaded_ = std::make_unique<CheckpointReader>(dir);
-  }
+  open_checkpoint_dir();
   const auto load_start = std::chrono::steady_clock::now();
   if (loaded_) {
     // The ranks share the verification: together they check every shard's bytes once, and
@@ -128,10 +122,20 @@ Trainer::Trainer(Job& job) : job_(job) {
     std::vector<int> everyone;
     for (int r = 0; r < job.mesh().layout().world(); ++r) everyone.push_back(r);
     Group* io_group = job.mesh().new_group(everyone);
-    checkpoints_ =
-        std::make_unique<CheckpointWriter>(c.checkpoint.dir, *io_group, c.checkpoint.keep_latest, c.checkpoint.async);
-    if (c.debug.crash_in_checkpoint > 0 && job.mesh().layout().rank == job.mesh().layout().world() - 1)
-      checkpoints_->crash_after_writing(c.debug.crash_in_checkpoint);
+    checkpoints_ = std::make_unique<CheckpointWriter>(
+        CheckpointWriterOptions{c.checkpoint.dir, c.checkpoint.keep_latest, c.checkpoint.async, run_id_, loaded_dir_},
+        *io_group);
+    // Fault injection: a rank's own file is the last rank's business, the commit rank 0's.
+    const MeshLayout& layout = job.mesh().layout();
+    const SavePhase phase = save_phase(c.debug.crash_in_checkpoint_phase);
+    if (c.debug.crash_in_checkpoint > 0 && layout.rank == (phase == SavePhase::written ? layout.world() - 1 : 0))
+      checkpoints_->crash_at(c.debug.crash_in_checkpoint, phase);
+    const int64_t failing =
+        c.debug.fail_checkpoint_write_rank < 0 ? layout.world() - 1 : c.debug.fail_checkpoint_write_rank;
+    if (c.debug.fail_checkpoint_write > 0 && layout.rank == failing)
+      checkpoints_->fail_write_at(c.debug.fail_checkpoint_write);
+    if (c.debug.fail_checkpoint_commit > 0 && layout.rank == 0)
+      checkpoints_->fail_commit_at(c.debug.fail_checkpoint_commit);
   }
 }
 
@@ -223,13 +227,15 @@ void Trainer::report_pipeline_bubble() {
   job_.step_metrics().report("pipeline_bubble", at::full({}, bubble, at::kDouble), KEEL_METRIC_MEAN);
 }
 
-int Trainer::agreed_stop() {
-  // A signal reaches one rank (or all, at different steps): all stop after the same step.
+Trainer::Stop Trainer::agreed_stop() {
+  // A signal reaches one rank (or all, at different steps), a background save's failure is
+  // known first to whichever rank's thread finishes first: all stop after the same step.
   Group& world = job_.mesh().group(KEEL_GROUP_WORLD);
-  if (world.size() == 1) return stop_requested();
-  at::Tensor flag = at::full({}, static_cast<double>(stop_requested()), at::kDouble);
-  world.all_reduce(flag, KEEL_REDUCE_MAX);
-  return static_cast<int>(flag.item<double>());
+  const bool failed = checkpoints_ && checkpoints_->background_failed();
+  if (world.size() == 1) return {stop_requested(), failed};
+  at::Tensor flags = at::tensor({static_cast<double>(stop_requested()), failed ? 1.0 : 0.0}, at::kDouble);
+  world.all_reduce(flags, KEEL_REDUCE_MAX);
+  return {static_cast<int>(flags[0].item<double>()), flags[1].item<double>() != 0.0};
 }
 
 bool Trainer::writes(const ParamRef& p) const {
@@ -311,7 +317,13 @@ RunSummary Trainer::run() {
       interval_steps = 0;
     }
     if (c.checkpoint.interval > 0 && s % c.checkpoint.interval == 0) checkpoint(s);
-    if (int signal = agreed_stop()) {
+    const Stop stop = agreed_stop();
+    if (stop.save_failed) settle(checkpoints_->take_outcome(), s);
+    if (!save_failure_.empty()) {
+      if (!log_now) summary.final_loss = last_loss_.item<double>();
+      break;
+    }
+    if (int signal = stop.signal) {
       summary.stop_signal = signal;
       if (!log_now) summary.final_loss = last_loss_.item<double>();
       log_info(cat("stopping after step ", s, " (", signal == SIGINT ? "SIGINT" : "SIGTERM", ")"));
@@ -320,11 +332,11 @@ RunSummary Trainer::run() {
   }
   // The end, a stop signal included: the last state is saved (a run of no steps after a load
   // saves the loaded state in this run's layout: a resharded copy).
-  checkpoint(summary.steps_done);
+  if (save_failure_.empty()) checkpoint(summary.steps_done);
   if (checkpoints_) {
-    checkpoints_->wait();
-    summary.checkpoint_path = checkpoints_->last_path();
-    report_save();
+    settle(checkpoints_->take_outcome(), summary.steps_done);
+    summary.checkpoint_path = saved_path_;
+    summary.run_id = run_id_;
   }
   summary.replica_checks = replica_checks_;
   if (replica_checks_ > 0 && writer)
@@ -338,6 +350,12 @@ RunSummary Trainer::run() {
     std::string path = (run_dir / "final" / "state.safetensors").string();
     save_weights(path, summary.steps_done, /*with_optimizer=*/true);
     if (writer) log_info(cat("final state (parameters, buffers, optimizer): ", path));
+  }
+  if (!save_failure_.empty()) {
+    // The weights are safe in run_dir; the job still fails, so nobody mistakes it for a
+    // run whose checkpoints are all there.
+    summary.save_failure = save_failure_;
+    throw std::runtime_error(cat("stopped after step ", summary.steps_done, ": ", save_failure_));
   }
   return summary;
 }

@@ -36,6 +36,8 @@ struct RunSummary {
   int stop_signal = 0;  ///< the signal that stopped the run early, or 0
   std::string weights_path;
   std::string checkpoint_path;  ///< the last checkpoint saved, or ""
+  std::string run_id;           ///< recorded in every checkpoint this run saves
+  std::string save_failure;     ///< the failed save that stopped the run (checkpoint.on_save_failure = "stop")
   int64_t replica_checks = 0;   ///< replica-guard passes (each compared every copy of every parameter)
 };
 
@@ -47,7 +49,10 @@ class Trainer {
   /// clipper, allocates optimizer state.
   explicit Trainer(Job& job);
   ~Trainer();
-  /// Runs every step (or until SIGINT/SIGTERM), then saves final weights.
+  /// Runs every step (or until SIGINT/SIGTERM, or a failed save), then saves final weights. A
+  /// failed save stops the run after the step at which every rank learnt of it (with
+  /// checkpoint.on_save_failure = "stop"); the final weights are still written, then run()
+  /// throws, naming the failure, on every rank.
   RunSummary run();
   /// Runs one step; returns its loss when `read_loss` (otherwise 0, avoiding a device sync).
   double step(int64_t step, bool read_loss);
@@ -71,13 +76,20 @@ class Trainer {
   void save_weights(const std::string& path, int64_t step, bool with_optimizer = false) const;
 
  private:
-  int agreed_stop();
+  /// What stops the run after a step, agreed by every rank.
+  struct Stop {
+    int signal = 0;            ///< SIGINT/SIGTERM reached some rank
+    bool save_failed = false;  ///< some rank's background save finished with a failure
+  };
+  Stop agreed_stop();
+  void open_checkpoint_dir();
+  void settle(const std::optional<SaveOutcome>& outcome, int64_t step);
   void report_pipeline_bubble();
   void poison_gradient(int64_t step);
   std::vector<TensorPiece> checkpoint_pieces() const;
   void load_model_state(CheckpointReader& reader);
   void load_training_state(CheckpointReader& reader);
-  void report_save();
+  void report_save(const SaveOutcome& outcome);
   bool writes(const ParamRef& p) const;
 
   Job& job_;
@@ -99,7 +111,10 @@ class Trainer {
   int64_t start_step_ = 0;
   std::unique_ptr<CheckpointWriter> checkpoints_;
   std::unique_ptr<CheckpointReader> loaded_;
-  std::string reported_save_;
+  std::string run_id_;        ///< this run's id: fresh, or the resumed checkpoint's
+  std::string loaded_dir_;    ///< the checkpoint loaded at start, or ""
+  std::string saved_path_;    ///< the last complete checkpoint of this run
+  std::string save_failure_;  ///< a failed save that stops the run
   /// Another clipper's state found in the loaded checkpoint: carried into every checkpoint
   /// this run saves (rank 0), so swapping clippers back and forth loses nothing.
   std::vector<std::pair<std::string, at::Tensor>> foreign_clipper_state_;

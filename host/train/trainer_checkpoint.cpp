@@ -1,10 +1,15 @@
 // The trainer's state as checkpoint entries and back: parameters and persistent buffers
 // ("model.<fqn>"), AdamW's moments and step counts ("optim.exp_avg.<fqn>", ...), the clipper's
 // state ("clipper.<name>.<tensor>"), every rank's CPU generator ("rng.cpu.rank<R>") and, in the
-// manifest, the step, the data position and the provenance. One copy of each logical tensor is
+// manifest, the step, the data position and the provenance (the run id). Also the checkpoint
+// folder's bookkeeping at start (interrupted saves finished, the run id agreed, a fresh run
+// refused where another run's checkpoints are) and the outcome of every save. One copy of each logical tensor is
 // written (Trainer::writes); every holder of a copy — REPLICA copies included — loads it, so
 // replicas come back bitwise equal without a resync.
 #include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
 #include "common/log.hpp"
@@ -53,11 +58,69 @@ std::vector<TensorPiece> Trainer::checkpoint_pieces() const {
   return pieces;
 }
 
+void Trainer::open_checkpoint_dir() {
+  const JobConfig& c = job_.config();
+  Group& world = job_.mesh().group(KEEL_GROUP_WORLD);
+  const bool first_rank = job_.mesh().layout().rank == 0;
+  // Rank 0 finishes saves a kill interrupted, looks at what the folder holds and draws a run
+  // id; every rank takes its findings, so all resolve the same checkpoint and agree.
+  nlohmann::json found = {{"run_id", ""}, {"recovered", nlohmann::json::array()}, {"held", nlohmann::json::array()}};
+  if (first_rank) {
+    found["run_id"] = new_run_id();
+    try {
+      found["recovered"] = recover_interrupted_saves(c.checkpoint.dir);
+      found["held"] = complete_checkpoints(c.checkpoint.dir);
+    } catch (const std::exception& e) {
+      found["error"] = cat("checkpoint.dir ", c.checkpoint.dir, ": ", e.what());
+    }
+  }
+  found = nlohmann::json::parse(all_gather_bytes(world, found.dump())[0]);
+  if (found.contains("error")) throw std::runtime_error(found["error"].get<std::string>());
+  if (first_rank)
+    for (const auto& line : found["recovered"])
+      log_warn(cat("checkpoint: an interrupted save was finished: ", line.get<std::string>()));
+  if (!c.checkpoint.load.empty()) {
+    std::string dir = resolve_checkpoint(c.checkpoint.dir, c.checkpoint.load);
+    if (dir.empty())
+      log_info(cat("checkpoint.load = \"latest\": no checkpoint in ", c.checkpoint.dir, " yet; starting fresh"));
+    else
+      loaded_ = std::make_unique<CheckpointReader>(dir);
+  }
+  // A resumed run continues the loaded checkpoint's run (its lineage: keep_latest goes on
+  // pruning it); a run that starts at step 0 is a new run, and must not mix its checkpoints
+  // with another run's in one folder.
+  const bool resumes = loaded_ && !c.checkpoint.load_model_only;
+  const std::vector<std::string> held = found["held"].get<std::vector<std::string>>();
+  if (!resumes && c.checkpoint.interval > 0 && !held.empty()) {
+    std::vector<std::string> shown(held.begin(),
+                                   held.begin() + static_cast<std::ptrdiff_t>(std::min<size_t>(held.size(), 3)));
+    throw InputError(cat("checkpoint.dir ", c.checkpoint.dir, " holds checkpoints of another run (", join(shown, ", "),
+                         held.size() > shown.size() ? ", ..." : "", "); this run starts at step 0",
+                         loaded_ ? " (checkpoint.load_model_only)" : "",
+                         ": set checkpoint.load (\"latest\" resumes the newest) or choose another checkpoint.dir"));
+  }
+  run_id_ = found["run_id"].get<std::string>();
+  if (resumes) {
+    loaded_dir_ = loaded_->dir();
+    const std::string& loaded_id = loaded_->manifest().run_id;
+    if (valid_run_id(loaded_id))
+      run_id_ = loaded_id;
+    else if (first_rank)
+      log_warn(cat("checkpoint ", loaded_->dir(), " records no valid run id; this run continues it as run ", run_id_));
+  }
+  if (first_rank && c.checkpoint.interval > 0)
+    log_info(cat("run id ", run_id_, resumes ? " (continued from the loaded checkpoint)" : " (new)"));
+}
+
 void Trainer::save_checkpoint(int64_t step) {
   const JobConfig& c = job_.config();
   const MeshLayout& mesh = job_.mesh().layout();
+  // The previous asynchronous save first: its outcome is every rank's at this step.
+  settle(checkpoints_->take_outcome(), step);
+  if (!save_failure_.empty()) return;
   Manifest header;
   header.step = step;
+  header.run_id = run_id_;
   header.data_position = stream_->position();
   header.tokens_seen = static_cast<int64_t>(stream_->position()) * c.training.seq_len;
   header.lr = schedule_->at(step + 1);
@@ -69,22 +132,36 @@ void Trainer::save_checkpoint(int64_t step) {
   header.clipper_plugin = c.clipper.plugin;
   header.clipper_component = c.clipper.component;
   header.config = job_.tree().resolved_toml();
-  report_save();  // the previous asynchronous save, once known complete
   checkpoints_->save(header, checkpoint_pieces());
-  if (!c.checkpoint.async) report_save();
+  if (!c.checkpoint.async) settle(checkpoints_->take_outcome(), step);
 }
 
-void Trainer::report_save() {
-  if (!checkpoints_ || checkpoints_->last_path().empty() || checkpoints_->last_path() == reported_save_) return;
-  reported_save_ = checkpoints_->last_path();
-  const SaveTiming& t = checkpoints_->last_timing();
+void Trainer::settle(const std::optional<SaveOutcome>& outcome, int64_t step) {
+  if (!outcome) return;
+  if (outcome->ok()) {
+    saved_path_ = outcome->path;
+    report_save(*outcome);
+    return;
+  }
+  // Every rank holds the same outcome (the failures travel with the save's gathers) and
+  // settles it at the same step, so every rank reports it and all stop together.
+  const bool stop = job_.config().checkpoint.on_save_failure == "stop";
+  log_line(LogLevel::error,
+           cat("checkpoint ", outcome->path, " failed (known to every rank after step ", step, "): ", outcome->failure,
+               stop ? "; stopping (checkpoint.on_save_failure = \"stop\")"
+                    : "; training continues (checkpoint.on_save_failure = \"continue\")"));
+  if (stop && save_failure_.empty()) save_failure_ = cat("checkpoint ", outcome->path, " failed: ", outcome->failure);
+}
+
+void Trainer::report_save(const SaveOutcome& outcome) {
+  const SaveTiming& t = outcome.timing;
   const double mb = static_cast<double>(t.bytes) / 1e6;
   std::string how = job_.config().checkpoint.async
                         ? format("training blocked %.3f s of %.3f s (%.0f%% hidden)", t.blocked_seconds,
                                  t.total_seconds, 100.0 * (1.0 - t.blocked_seconds / std::max(t.total_seconds, 1e-9)))
                         : format("%.3f s", t.total_seconds);
   if (job_.mesh().layout().rank == 0)
-    log_info(format("checkpoint %s: %.1f MB from this rank, %s, %.0f MB/s", reported_save_.c_str(), mb, how.c_str(),
+    log_info(format("checkpoint %s: %.1f MB from this rank, %s, %.0f MB/s", outcome.path.c_str(), mb, how.c_str(),
                     mb / std::max(t.total_seconds, 1e-9)));
 }
 
