@@ -292,6 +292,7 @@ SaveOutcome CheckpointWriter::write_and_commit(const Manifest& header, const std
   }
   crash_if(header.step, SavePhase::written);
   std::vector<std::string> failures;
+  bool lost_group = false;
   try {
     // Gathering every rank's entries is also the barrier: all files are on disk after it.
     std::vector<std::string> gathered = all_gather_bytes(group_, message.dump());
@@ -314,9 +315,11 @@ SaveOutcome CheckpointWriter::write_and_commit(const Manifest& header, const std
       if (!committed.empty()) failures.push_back(committed);
     }
   } catch (const std::exception& e) {
+    // The group itself failed (a rank died): the folder is left as it is, for the next save.
     failures.push_back(cat("rank ", world_rank, ": ", e.what()));
+    lost_group = true;
   }
-  if (!failures.empty() && group_.rank() == 0) {
+  if (!failures.empty() && !lost_group && group_.rank() == 0) {
     // Space back: the failed save's partial folder, unless it is the only complete copy.
     std::error_code ec;
     if (!complete(partial) || complete(outcome.path)) fs::remove_all(partial, ec);
