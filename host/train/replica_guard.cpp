@@ -3,6 +3,7 @@
 #include <c10/core/GradMode.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -28,21 +29,32 @@ size_t check_replicas(const std::vector<ParamRef>& params, Group& world, int64_t
     mine.push_back({p.fqn, p.shard_dim >= 0 ? p.shard_offset : -1, hex(content_hash(*p.tensor)), p.replica()});
   std::vector<std::string> gathered = all_gather_bytes(world, mine.dump());
 
-  // (fqn, shard offset or -1) -> hash -> the ranks holding it, "R" or "R (REPLICA)".
-  std::map<std::pair<std::string, int64_t>, std::map<std::string, std::vector<std::string>>> copies;
+  // (fqn, shard offset or -1) -> hash -> the ranks holding it, ascending (gathered in rank order).
+  struct Holder {
+    size_t rank;
+    bool replica;
+  };
+  std::map<std::pair<std::string, int64_t>, std::map<std::string, std::vector<Holder>>> copies;
   for (size_t rank = 0; rank < gathered.size(); ++rank)
-    for (const auto& entry : nlohmann::json::parse(gathered[rank])) {
-      std::string who = std::to_string(rank) + (entry[3].get<bool>() ? " (REPLICA)" : "");
-      copies[{entry[0].get<std::string>(), entry[1].get<int64_t>()}][entry[2].get<std::string>()].push_back(who);
-    }
+    for (const auto& entry : nlohmann::json::parse(gathered[rank]))
+      copies[{entry[0].get<std::string>(), entry[1].get<int64_t>()}][entry[2].get<std::string>()].push_back(
+          {rank, entry[3].get<bool>()});
   for (const auto& [id, by_hash] : copies) {
     if (by_hash.size() == 1) continue;
-    std::vector<std::string> groups;
-    for (const auto& [hash, ranks] : by_hash)
-      groups.push_back(cat("rank(s) ", join(ranks, ", "), " hold xxh64 ", hash));
+    // The groups in the order of their lowest rank, not of their hashes: the hashes follow the
+    // CPU's arithmetic, and the message must read the same on every machine.
+    std::vector<std::pair<size_t, std::string>> groups;
+    for (const auto& [hash, holders] : by_hash) {
+      std::vector<std::string> ranks;
+      for (const Holder& h : holders) ranks.push_back(std::to_string(h.rank) + (h.replica ? " (REPLICA)" : ""));
+      groups.emplace_back(holders.front().rank, cat("rank(s) ", join(ranks, ", "), " hold xxh64 ", hash));
+    }
+    std::sort(groups.begin(), groups.end());
+    std::vector<std::string> described;
+    for (auto& group : groups) described.push_back(std::move(group.second));
     std::string shard = id.second >= 0 ? cat(" (the shard at offset ", id.second, ")") : std::string();
     throw std::runtime_error(cat("replica guard after step ", step, ": the copies of '", id.first, "'", shard,
-                                 " differ: ", join(groups, "; ")));
+                                 " differ: ", join(described, "; ")));
   }
   return copies.size();
 }
