@@ -1,4 +1,5 @@
 // keel-train: trains a job described by a TOML file.
+#include <c10/util/Exception.h>
 #include <torch/headeronly/version.h>
 
 #include <boost/program_options.hpp>
@@ -88,8 +89,14 @@ int main(int argc, char** argv) {
   } catch (const keel::InputError& e) {
     keel::log_line(keel::LogLevel::error, e.what());
     return 2;
+  } catch (const c10::Error& e) {  // LibTorch's own message, without its C++ stack trace
+    keel::log_line(keel::LogLevel::error, e.what_without_backtrace());
+    return 1;
   } catch (const std::exception& e) {
     keel::log_line(keel::LogLevel::error, e.what());
+    return 1;
+  } catch (...) {
+    keel::log_line(keel::LogLevel::error, "an unknown exception stopped the run");
     return 1;
   }
 }

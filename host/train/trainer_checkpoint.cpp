@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "common/error.hpp"
 #include "common/log.hpp"
@@ -171,12 +172,45 @@ void Trainer::load_model_state(CheckpointReader& reader) {
   if (m.model_component != c.model.component)
     throw InputError(cat("checkpoint ", reader.dir(), " holds model '", m.model_component, "' (plugin ", m.model_plugin,
                          "); this job trains '", c.model.component, "'"));
-  for (ModelPart* part : job_.parts()) {
-    for (const ParamRef& p : part->parameters())
-      reader.read(kModel + p.fqn, *p.tensor, p.shard_dim, p.shard_offset, p.global_dim_size);
-    for (const ParamRef& b : part->buffers())
-      if (b.persistent()) reader.read(kModel + b.fqn, *b.tensor, b.shard_dim, b.shard_offset, b.global_dim_size);
+  // Each rank reads its parts; what failed and which keys were taken are then agreed across
+  // the world, so a refusal on one rank is every rank's (none waits in a later collective), and
+  // a model entry no rank took (a checkpoint of a larger model: weights that would silently be
+  // dropped) is refused too.
+  std::string problem;
+  nlohmann::json taken = nlohmann::json::array();
+  try {
+    for (ModelPart* part : job_.parts()) {
+      for (const ParamRef& p : part->parameters()) {
+        reader.read(kModel + p.fqn, *p.tensor, p.shard_dim, p.shard_offset, p.global_dim_size);
+        taken.push_back(kModel + p.fqn);
+      }
+      for (const ParamRef& b : part->buffers())
+        if (b.persistent()) {
+          reader.read(kModel + b.fqn, *b.tensor, b.shard_dim, b.shard_offset, b.global_dim_size);
+          taken.push_back(kModel + b.fqn);
+        }
+    }
+  } catch (const InputError& e) {
+    problem = e.what();
   }
+  std::set<std::string> read_somewhere;
+  const std::vector<std::string> reports = all_gather_bytes(
+      job_.mesh().group(KEEL_GROUP_WORLD), nlohmann::json{{"problem", problem}, {"taken", taken}}.dump());
+  for (size_t rank = 0; rank < reports.size(); ++rank) {
+    const nlohmann::json report = nlohmann::json::parse(reports[rank]);
+    if (!report.at("problem").get<std::string>().empty())
+      throw InputError(cat("rank ", rank, ": ", report.at("problem").get<std::string>()));
+    for (const auto& key : report.at("taken")) read_somewhere.insert(key.get<std::string>());
+  }
+  std::vector<std::string> unused;
+  for (const auto& [key, entry] : m.entries)
+    if (starts_with(key, kModel) && read_somewhere.count(key) == 0) unused.push_back(key);
+  if (!unused.empty())
+    throw InputError(
+        cat("checkpoint ", reader.dir(), ": ", unused.size(), " model entr", unused.size() == 1 ? "y" : "ies",
+            " this model has no place for (",
+            join(std::vector<std::string>(unused.begin(), unused.begin() + std::min<size_t>(unused.size(), 5)), ", "),
+            unused.size() > 5 ? ", ..." : "", "): a checkpoint of another model shape?"));
   if (job_.mesh().layout().rank == 0)
     log_info(format("loaded the model of %s (step %ld, saved under pp %d x dp %d, ep %d)", reader.dir().c_str(),
                     static_cast<long>(m.step), m.pp, m.dp, m.ep));
@@ -226,7 +260,11 @@ void Trainer::load_training_state(CheckpointReader& reader) {
   const MeshLayout& mesh = job_.mesh().layout();
   if (m.pp * m.dp == mesh.world() && reader.has(rng_key(mesh.rank))) {
     at::Generator generator = at::detail::getDefaultCPUGenerator();
-    generator.set_state(reader.read_whole(rng_key(mesh.rank)));
+    // The state is read into a tensor shaped like this generator's own, so a crafted entry of
+    // another dtype or size is an InputError naming it, never LibTorch's own refusal.
+    at::Tensor state = generator.get_state();
+    reader.read(rng_key(mesh.rank), state);
+    generator.set_state(state);
   }
   stream_->seek(m.data_position);
   start_step_ = m.step;

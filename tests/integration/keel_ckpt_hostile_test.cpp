@@ -253,6 +253,18 @@ TEST_F(TrainedCheckpoint, AResumeFromAManifestWithANegativeStepExitsTwo) {
   EXPECT_HAS(r.output, "manifest.json: step: -1 is out of range");
 }
 
+// A checkpoint of a deeper model: the weights of the layer this model lacks would be dropped
+// silently; every rank refuses them instead, naming one.
+TEST_F(TrainedCheckpoint, ModelEntriesThisModelHasNoPlaceForAreRefused) {
+  const std::string root = copy("deeper");
+  auto r = train(
+      "--set model.n_layers=1 --set checkpoint.interval=0 --set checkpoint.load_model_only=true "
+      "--set checkpoint.load=\\\"" +
+      root + "/step-2\\\"");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_HAS(r.output, "this model has no place for (model.layers.1.");
+}
+
 // export --hf looks the manifest's plugin up by name; --plugin replaces it.
 TEST_F(TrainedCheckpoint, ExportTakesThePluginByNameOrFromPluginOption) {
   const std::string root = copy("renamed_plugin");

@@ -1,6 +1,7 @@
 // keel-data build --input TEXT --output FILE: turns text into a token file with the
 // byte-level tokenizer (token = byte value, vocabulary 256).
 #include <cstdio>
+#include <exception>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -40,6 +41,9 @@ int main(int argc, char** argv) {
   } catch (const keel::InputError& e) {
     std::fprintf(stderr, "keel-data: %s\n", e.what());
     return 2;
+  } catch (const std::exception& e) {  // e.g. the rename into place failing
+    std::fprintf(stderr, "keel-data: %s\n", e.what());
+    return 1;
   }
   std::printf("%s: %zu tokens (byte-level, vocab 256)\n", output.c_str(), tokens.size());
   return 0;

@@ -80,5 +80,8 @@ int main(int argc, char** argv) {
   } catch (const keel::InputError& e) {
     std::fprintf(stderr, "keel-plugin: %s\n", e.what());
     return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "keel-plugin: %s\n", e.what());
+    return 1;
   }
 }
