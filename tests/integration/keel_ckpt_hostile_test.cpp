@@ -33,24 +33,13 @@ void expect_refused(const std::string& args, const std::vector<std::string>& par
   EXPECT_EQ(r.output.find("Exception raised from"), std::string::npos) << r.output;
 }
 
-class HostileCheckpoint : public ::testing::Test {
+class HostileCheckpoint : public test::ForgedCheckpointTest {
  protected:
   void SetUp() override {
-    manifest_ = test::forge_checkpoint(root());
+    ForgedCheckpointTest::SetUp();
     test::forge_checkpoint(sound_root());  // an undamaged copy to diff against
   }
-  std::string root() const { return dir_.path() + "/ckpt"; }
   std::string sound_root() const { return dir_.path() + "/sound"; }
-  std::string step() const { return root() + "/step-1"; }
-  std::string shard(int rank) const {
-    return step() + (rank == 0 ? "/rank-00000.safetensors" : "/rank-00001.safetensors");
-  }
-  template <typename Edit>
-  void craft(Edit&& edit) {
-    Manifest m = manifest_;
-    edit(m);
-    test::write_manifest(step(), m);
-  }
   // verify, diff against the sound copy (both ways) and export --keel all refuse it.
   void expect_every_command_refuses(const std::vector<std::string>& parts) {
     expect_refused("verify " + step(), parts);
@@ -58,9 +47,6 @@ class HostileCheckpoint : public ::testing::Test {
     expect_refused("diff " + step() + " " + sound_root() + "/step-1", parts);
     expect_refused("export --keel " + (dir_ / "out.safetensors") + " " + step(), parts);
   }
-
-  test::TempDir dir_;
-  Manifest manifest_;
 };
 
 TEST_F(HostileCheckpoint, TheForgedCheckpointVerifiesAndDiffsIdentical) {

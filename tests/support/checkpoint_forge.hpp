@@ -5,6 +5,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <gtest/gtest.h>
 
 #include <cstdint>
 #include <filesystem>
@@ -94,5 +95,26 @@ inline void edit_safetensors_header(const std::string& path,
   for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((padded >> (8 * i)) & 0xff);
   std::ofstream(path, std::ios::binary | std::ios::trunc) << out << text << data;
 }
+
+/// A test with a freshly forged checkpoint at root()/step-1 and the tools to craft it.
+class ForgedCheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override { manifest_ = forge_checkpoint(root()); }
+  std::string root() const { return dir_.path() + "/ckpt"; }
+  std::string step() const { return root() + "/step-1"; }
+  std::string shard(int rank) const {
+    return step() + (rank == 0 ? "/rank-00000.safetensors" : "/rank-00001.safetensors");
+  }
+  /// Writes the manifest back after `edit` (with a fresh checksum: a consistent, crafted file).
+  template <typename Edit>
+  void craft(Edit&& edit) {
+    Manifest m = manifest_;
+    edit(m);
+    write_manifest(step(), m);
+  }
+
+  TempDir dir_;
+  Manifest manifest_;
+};
 
 }  // namespace keel::test

@@ -39,21 +39,8 @@ std::string input_error(Call&& call) {
   return "";
 }
 
-class CheckpointInput : public ::testing::Test {
+class CheckpointInput : public test::ForgedCheckpointTest {
  protected:
-  void SetUp() override { manifest_ = test::forge_checkpoint(root()); }
-  std::string root() const { return dir_.path() + "/ckpt"; }
-  std::string step() const { return root() + "/step-1"; }
-  std::string shard(int rank) const {
-    return step() + (rank == 0 ? "/rank-00000.safetensors" : "/rank-00001.safetensors");
-  }
-  // Writes the manifest back after `edit` (with a fresh checksum: a consistent, crafted file).
-  template <typename Edit>
-  void craft(Edit&& edit) {
-    Manifest m = manifest_;
-    edit(m);
-    test::write_manifest(step(), m);
-  }
   // Sets "model.w"'s data_offsets in rank-00001 (its only tensor) to [begin, end] computed from
   // where the data start.
   template <typename Offsets>
@@ -62,9 +49,6 @@ class CheckpointInput : public ::testing::Test {
       h["model.w"]["data_offsets"] = offsets(data_start);
     });
   }
-
-  test::TempDir dir_;
-  Manifest manifest_;
 };
 
 TEST_F(CheckpointInput, TheForgedCheckpointIsSoundAndReadsBack) {
