@@ -1,6 +1,7 @@
-/* A model built against SDK 1.0: its vtable ends at hook_flags, so a host of a later minor must
- * load it, treat every later function as absent and read nothing beyond struct_size. The
- * export_state slot holds a trap that a host reading past struct_size would call. */
+/* A model built against SDK 1.0: its vtable ends at hook_flags and its component at vtable, so
+ * a host of a later minor must load it, treat every later function as absent and read nothing
+ * beyond struct_size. The export_state slot and the extension chain beyond the component's
+ * size hold traps that a host reading past struct_size would call. */
 #include <stddef.h>
 
 #include "c_plugin_common.h"
@@ -31,7 +32,10 @@ static keel_status trap_export(keel_model* m, const char* format, const keel_nam
   return KEEL_ERROR_INTERNAL;
 }
 
-static const keel_model_vtable vtable = {offsetof(keel_model_vtable, export_state),
+static const keel_model_export_extension trap_extension = {
+    {sizeof(keel_model_export_extension), KEEL_EXTENSION_MODEL_EXPORT, NULL}, "hf", trap_export};
+
+static const keel_model_vtable vtable = {KEEL_MODEL_VTABLE_SIZE_1_0,
                                          ok_create,
                                          ok_destroy,
                                          ok_info,
@@ -45,7 +49,8 @@ static const keel_model_vtable vtable = {offsetof(keel_model_vtable, export_stat
                                          NULL,
                                          0,
                                          trap_export};
-static const keel_component component = {sizeof(keel_component), KEEL_COMPONENT_MODEL, "abi_1_0", "", &vtable};
+static const keel_component component = {
+    KEEL_COMPONENT_SIZE_1_0, KEEL_COMPONENT_MODEL, "abi_1_0", "", &vtable, &trap_extension.base};
 static const keel_component* const components[] = {&component};
 KEEL_EXPORT const keel_plugin_descriptor* keel_plugin_entry(void) {
   static const keel_plugin_descriptor d = {

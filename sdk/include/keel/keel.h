@@ -10,11 +10,17 @@
  *   - KEEL_ABI_MAJOR changes when anything is removed or changes meaning. A host refuses a
  *     plugin of another major.
  *   - KEEL_ABI_MINOR changes when something is appended. Every struct that crosses the
- *     boundary starts with `size_t struct_size`; fields are only ever appended. A receiver
- *     checks that struct_size covers what it needs and never reads beyond it, so a plugin of a
- *     newer minor loads in an older host as long as what the host needs is there.
+ *     boundary starts with `size_t struct_size`; fields are only ever appended. A sender sets
+ *     struct_size to sizeof() of its own struct; a receiver checks it against the named
+ *     minimum size of the version it needs (KEEL_*_SIZE_1_x below, from KEEL_STRUCT_SIZE) and
+ *     never reads beyond it, so a plugin of a newer minor loads in an older host as long as
+ *     what the host needs is there.
+ *   - From 1.2 optional features are extensions (keel_extension, a chain hung on the
+ *     component), never new fields in the core vtables.
  *   - History: 1.0: the first release. 1.1: model export (keel_export_sink and
- *     keel_model_vtable.export_state).
+ *     keel_model_vtable.export_state). 1.2: extensions (keel_component.extensions; export
+ *     moves to KEEL_EXTENSION_MODEL_EXPORT), the thread contract, host-owned parameter records
+ *     for clippers, keel_host_api.last_error.
  *
  * Ownership and lifetime:
  *   - Every pointer handed across the boundary is borrowed for the duration of the call unless
@@ -27,6 +33,26 @@
  * Errors: every call returns keel_status (KEEL_OK = 0). A component that fails reports its
  * message with host->api->set_error(host, code, message) and returns the same code.
  *
+ * Call sequence (one rank; "the train thread" is the thread that created the component):
+ *
+ *   keel_plugin_entry()                                   once per plugin and process
+ *   model.create -> model.info; clipper.create            config only; no groups yet
+ *   -- the host joins the other ranks: groups exist from here on --
+ *   model.build_part (each part of this rank) -> parameters, buffers (each part)
+ *   model.init_weights (each part), or the host copies a checkpoint into the tensors
+ *   model.post_init                                       [collective: world]
+ *   clipper.bind_model_parts (host-owned records, in clip() order)
+ *   clipper.state                                         the host may copy a checkpoint in
+ *   every step:
+ *     model.forward x microbatches (each part, in the pipeline schedule's order); the host runs
+ *       backward (autograd; on CUDA on autograd's device threads, see [any-thread])
+ *     the host's data-parallel gradient reduction
+ *     model.pre_clip -> clipper.clip -> the host's non-finite check and AdamW
+ *       (replayed as one CUDA graph when every hook there is capture-safe)
+ *     model.post_step
+ *   extensions (e.g. export) when a tool asks; the model may have built no parts
+ *   clipper.destroy, model.destroy
+ *
  * Contract tags, at the end of each function's comment:
  *   [once]                 called once per object
  *   [every step]           called once per optimizer step
@@ -37,6 +63,54 @@
  *                          allocation that changes between steps, no host branch on device data
  *   [setup]                only during setup (before the first step)
  *   [export]               only while the host's export_state() call is in progress
+ *   [train-thread]         component functions: arrives on the train thread. Host functions:
+ *                          call it from the train thread only
+ *   [any-thread]           host functions: safe from any thread, concurrently too; autograd's
+ *                          backward threads (a custom autograd function's backward calling a
+ *                          collective) included. An error is recorded for the calling thread
+ *
+ * A complete clipper on the raw ABI (C++ for the tensor maths; keel.hpp makes it shorter). It
+ * clamps every gradient to [-0.01, 0.01] and reports the local L2 norm of the logical
+ * gradients (a real clipper also sums over the PP group, as norm_clipper does):
+ *
+ *   #include <ATen/ATen.h>
+ *   #include <torch/headeronly/version.h>
+ *   #include <keel/keel.h>
+ *   static keel_host* g_host;
+ *   static keel_status create(keel_host* host, const keel_config*, keel_clipper** out) {
+ *     g_host = host;
+ *     *out = reinterpret_cast<keel_clipper*>(&g_host);
+ *     return KEEL_OK;
+ *   }
+ *   static void destroy(keel_clipper*) {}
+ *   static keel_status clip(keel_clipper*, const keel_param_info* const* params, size_t n,
+ *                           keel_tensor* total_norm) {
+ *     try {
+ *       at::Tensor sq = at::zeros({}, at::kFloat);
+ *       for (size_t i = 0; i < n; ++i) {
+ *         at::Tensor grad = reinterpret_cast<at::Tensor*>(params[i]->tensor)->grad();
+ *         if (!grad.defined()) continue;
+ *         if (!(params[i]->flags & KEEL_PARAM_REPLICA)) sq = sq + grad.float().square().sum().cpu();
+ *         grad.clamp_(-0.01, 0.01);
+ *       }
+ *       *reinterpret_cast<at::Tensor*>(total_norm) = sq.sqrt();
+ *       return KEEL_OK;
+ *     } catch (const std::exception& e) {
+ *       g_host->api->set_error(g_host, KEEL_ERROR_RUNTIME, e.what());
+ *       return KEEL_ERROR_RUNTIME;
+ *     }
+ *   }
+ *   static const keel_clipper_vtable vtable = {sizeof(keel_clipper_vtable), create, destroy,
+ *                                              NULL, clip, NULL, 0};
+ *   static const keel_component clipper = {sizeof(keel_component), KEEL_COMPONENT_CLIPPER,
+ *                                          "clamp", "clamps gradients", &vtable, NULL};
+ *   static const keel_component* const components[] = {&clipper};
+ *   extern "C" KEEL_EXPORT const keel_plugin_descriptor* keel_plugin_entry(void) {
+ *     static const keel_plugin_descriptor d = {sizeof(d), KEEL_ABI_MAJOR, KEEL_ABI_MINOR, "clamp",
+ *                                              "1.0.0", TORCH_VERSION, _GLIBCXX_USE_CXX11_ABI,
+ *                                              components, 1};
+ *     return &d;
+ *   }
  */
 #ifndef KEEL_KEEL_H
 #define KEEL_KEEL_H
@@ -51,7 +125,11 @@ extern "C" {
 /* ---------------------------------------------------------------- versions and basics */
 
 #define KEEL_ABI_MAJOR 1
-#define KEEL_ABI_MINOR 1
+#define KEEL_ABI_MINOR 2
+
+/* The size of struct T up to and including `last_field`: the minimum struct_size a receiver
+ * needs when it reads fields up to that one (sizeof(T) may add trailing padding). */
+#define KEEL_STRUCT_SIZE(T, last_field) (offsetof(T, last_field) + sizeof(((T*)0)->last_field))
 
 #if defined(_WIN32)
 #define KEEL_EXPORT __declspec(dllexport)
@@ -130,29 +208,30 @@ typedef enum keel_metric_reduce {
 
 /* ---------------------------------------------------------------- the host API */
 
-/* The functions a component may call. Received in keel_host->api; check struct_size before
- * using a function appended after v1.0 (none yet). */
+/* The functions a component may call. Received in keel_host->api; check struct_size against
+ * KEEL_HOST_API_SIZE_1_2 before calling last_error (the only function appended since 1.0). */
 typedef struct keel_host_api {
   size_t struct_size;
 
-  /* Writes one log line prefixed with the rank and component name. */
+  /* Writes one log line prefixed with the rank and component name. [any-thread] */
   void (*log)(keel_host* host, keel_log_level level, const char* message);
-  /* Records the error of the call in progress; return the same code from that call. */
+  /* Records the error of the call in progress on this thread; return the same code from that
+   * call. [any-thread] */
   void (*set_error)(keel_host* host, keel_status code, const char* message);
 
-  /* Fills this rank's mesh coordinates. */
+  /* Fills this rank's mesh coordinates. [any-thread] */
   keel_status (*mesh_info)(keel_host* host, keel_mesh_info* out);
   /* Returns the group of that kind for this rank; owned by the host for the process life.
    * Groups exist from build_part() on: the host joins the other ranks only after every
-   * component was created, so create() may read mesh_info() but gets NULL here. */
+   * component was created, so create() may read mesh_info() but gets NULL here. [any-thread] */
   keel_group* (*group)(keel_host* host, keel_group_kind kind);
   /* Creates a sub-group of the given world ranks (sorted, distinct). Every rank of the world
    * calls it with the same rank lists in the same order; ranks not in the list receive NULL.
-   * [setup][collective: world] */
+   * [setup][collective: world][train-thread] */
   keel_status (*new_group)(keel_host* host, const int32_t* world_ranks, size_t count, keel_group** out);
-  /* This rank's index within the group, or -1 if it is not a member. */
+  /* This rank's index within the group, or -1 if it is not a member. [any-thread] */
   int32_t (*group_rank)(keel_host* host, const keel_group* group);
-  /* Number of ranks in the group. */
+  /* Number of ranks in the group. [any-thread] */
   int32_t (*group_size)(keel_host* host, const keel_group* group);
 
   /* Collectives on tensors. Every collective is [collective: group]. When `work` is NULL the
@@ -160,7 +239,8 @@ typedef struct keel_host_api {
    * handle to pass to wait() exactly once (NULL when the operation already completed), and the
    * tensors must stay alive and untouched until then. all_reduce (SUM, MAX, MIN), send and recv
    * run asynchronously; the others complete before returning. On CUDA they run on the current
-   * stream and are capture-safe. */
+   * stream and are capture-safe. Every collective is [any-thread]: a rank's calls on one group
+   * must still reach the group in the same order on every rank. */
 
   /* In-place reduction of `tensor` over the group. */
   keel_status (*all_reduce)(keel_host* host, keel_group* group, keel_tensor* tensor, keel_reduce_op op,
@@ -188,13 +268,14 @@ typedef struct keel_host_api {
   keel_status (*wait)(keel_host* host, keel_work* work);
 
   /* Reports a named scalar for this step: `value` is a 0-dim tensor (a device tensor is fine;
-   * the host reads it lazily, never inside a step). [capture-safe: no] */
+   * the host reads it lazily, never inside a step). [capture-safe: no][any-thread] */
   keel_status (*report_metric)(keel_host* host, const char* name, const keel_tensor* value, keel_metric_reduce reduce);
 
   /* Typed access to the component's own config table. Each getter marks the key as read;
    * after create() the host reports every unread key as an error, naming file and line.
    * `found` (may be NULL) says whether the key was present; absent keys yield `fallback`.
-   * A present key of the wrong type is an error naming the key and its position. */
+   * A present key of the wrong type is an error naming the key and its position.
+   * [train-thread] for all five config functions. */
   keel_status (*config_int)(keel_host* host, const keel_config* config, const char* key, int64_t fallback, int64_t* out,
                             int32_t* found);
   keel_status (*config_float)(keel_host* host, const keel_config* config, const char* key, double fallback, double* out,
@@ -206,12 +287,25 @@ typedef struct keel_host_api {
                                const char** out, int32_t* found);
   /* Reports that `key` holds an impossible value; the host formats "file:line: key: why". */
   keel_status (*config_invalid)(keel_host* host, const keel_config* config, const char* key, const char* why);
+
+  /* ---- appended in 1.2 */
+
+  /* The message of the last failed host call made on this thread for this component (what
+   * the host recorded with its status), or NULL when there is none. The string lives until
+   * the next host call on this thread. Lets code that cannot return a status (a custom
+   * autograd backward) rethrow the host's message. [any-thread] */
+  const char* (*last_error)(keel_host* host);
 } keel_host_api;
 
 struct keel_host {
   size_t struct_size;
   const keel_host_api* api;
 };
+
+#define KEEL_HOST_SIZE_1_0 KEEL_STRUCT_SIZE(keel_host, api)
+#define KEEL_HOST_API_SIZE_1_0 KEEL_STRUCT_SIZE(keel_host_api, config_invalid)
+#define KEEL_HOST_API_SIZE_1_2 KEEL_STRUCT_SIZE(keel_host_api, last_error)
+#define KEEL_MESH_INFO_SIZE_1_0 KEEL_STRUCT_SIZE(keel_mesh_info, edp_index)
 
 /* ---------------------------------------------------------------- parameters */
 
@@ -225,7 +319,10 @@ enum {
   KEEL_PARAM_PERSISTENT = 1u << 2
 };
 
-/* One parameter or buffer of a part. Owned by the part; valid while the part lives. */
+/* One parameter or buffer of a part. A model's records are owned by its part and valid while
+ * the part lives. A clipper receives the host's own records instead: built by the host from
+ * the models' (struct_size this host's, every 1.0 field filled, module_group never NULL),
+ * valid until the clipper is destroyed. */
 typedef struct keel_param_info {
   size_t struct_size;
   /* Canonical fully qualified name: the same whatever the layout ("layers.3.attn.wq.weight"). */
@@ -251,6 +348,9 @@ typedef struct keel_named_tensor {
   const char* name;
   keel_tensor* tensor;
 } keel_named_tensor;
+
+#define KEEL_PARAM_INFO_SIZE_1_0 KEEL_STRUCT_SIZE(keel_param_info, module_group)
+#define KEEL_NAMED_TENSOR_SIZE_1_0 KEEL_STRUCT_SIZE(keel_named_tensor, tensor)
 
 /* ---------------------------------------------------------------- model */
 
@@ -303,6 +403,11 @@ typedef struct keel_forward_outputs {
   keel_tensor* loss_sum;
 } keel_forward_outputs;
 
+#define KEEL_MODEL_INFO_SIZE_1_0 KEEL_STRUCT_SIZE(keel_model_info, hidden_size)
+#define KEEL_PART_SPEC_SIZE_1_0 KEEL_STRUCT_SIZE(keel_part_spec, compute_dtype)
+#define KEEL_FORWARD_INPUTS_SIZE_1_0 KEEL_STRUCT_SIZE(keel_forward_inputs, num_microbatches)
+#define KEEL_FORWARD_OUTPUTS_SIZE_1_0 KEEL_STRUCT_SIZE(keel_forward_outputs, loss_sum)
+
 enum { KEEL_HOOK_PRE_CLIP_CAPTURE_SAFE = 1u << 0, KEEL_HOOK_CLIP_CAPTURE_SAFE = 1u << 1 };
 
 /* Where export_state() hands what it produces (since 1.1). Host-owned, borrowed for the call.
@@ -321,6 +426,9 @@ typedef struct keel_export_sink {
   keel_status (*file)(void* context, const char* name, const char* text);
 } keel_export_sink;
 
+#define KEEL_EXPORT_SINK_SIZE_1_1 KEEL_STRUCT_SIZE(keel_export_sink, file)
+
+/* Every function of the model and clipper vtables is [train-thread]. */
 typedef struct keel_model_vtable {
   size_t struct_size;
   /* Creates a model from its config table alone. Required. [once] */
@@ -356,9 +464,11 @@ typedef struct keel_model_vtable {
   /* KEEL_HOOK_* flags declaring which step hooks are capture-safe. */
   uint32_t hook_flags;
 
-  /* ---- appended in 1.1 */
+  /* ---- appended in 1.1; the vtable grows no more: later features are extensions */
 
-  /* Exports the model's consolidated state (every logical parameter and persistent buffer
+  /* Deprecated in 1.2: a 1.2 plugin leaves it NULL and offers keel_model_export_extension
+   * (same signature and contract), which a host prefers when both are there.
+   * Exports the model's consolidated state (every logical parameter and persistent buffer
    * under its canonical FQN, whole, on the CPU; read-only) in another format; `format` "hf" is
    * Hugging Face transformers: the model hands each exported tensor and file (config.json) to
    * `sink`. May be called on a model that built no parts. Optional (NULL: the model cannot be
@@ -366,6 +476,9 @@ typedef struct keel_model_vtable {
   keel_status (*export_state)(keel_model* model, const char* format, const keel_named_tensor* const* state,
                               size_t count, const keel_export_sink* sink);
 } keel_model_vtable;
+
+#define KEEL_MODEL_VTABLE_SIZE_1_0 KEEL_STRUCT_SIZE(keel_model_vtable, hook_flags)
+#define KEEL_MODEL_VTABLE_SIZE_1_1 KEEL_STRUCT_SIZE(keel_model_vtable, export_state)
 
 /* ---------------------------------------------------------------- clipper */
 
@@ -375,8 +488,10 @@ typedef struct keel_clipper_vtable {
   keel_status (*create)(keel_host* host, const keel_config* config, keel_clipper** out);
   /* Destroys the clipper. NULL-safe. Required. [once] */
   void (*destroy)(keel_clipper* clipper);
-  /* Receives every parameter of every part this rank holds, once, before the first step, in
-   * the order later passed to clip(); lets a clipper sort them into static lists.
+  /* Receives every parameter of every part this rank holds, once, before the first step:
+   * host-owned records (see keel_param_info), never a model plugin's. clip() later receives
+   * this very array (same pointers, same order) every step, so a clipper may sort the
+   * parameters here into static lists and ignore clip()'s arguments.
    * Optional (NULL = no-op). [once][setup] */
   keel_status (*bind_model_parts)(keel_clipper* clipper, const keel_param_info* const* params, size_t count);
   /* Clips the gradients of `params` in place and writes the total norm (a 0-dim fp32 tensor
@@ -392,6 +507,43 @@ typedef struct keel_clipper_vtable {
   uint32_t hook_flags;
 } keel_clipper_vtable;
 
+#define KEEL_CLIPPER_VTABLE_SIZE_1_0 KEEL_STRUCT_SIZE(keel_clipper_vtable, hook_flags)
+
+/* ---------------------------------------------------------------- extensions (since 1.2) */
+
+/* Optional features of a component, as a static chain (PJRT's extension chain): each
+ * extension struct begins with this header. A host walks a component's chain once, at load,
+ * skips types it does not know (a newer plugin's), refuses a chain that repeats a type or
+ * runs longer than KEEL_MAX_EXTENSIONS, and reads nothing of an extension beyond its
+ * struct_size. New optional features are new types, never new vtable fields. */
+typedef struct keel_extension {
+  size_t struct_size; /* of the whole extension struct (header included)                */
+  int32_t type;       /* a KEEL_EXTENSION_* value                                          */
+  const struct keel_extension* next; /* NULL ends the chain                                */
+} keel_extension;
+
+#define KEEL_MAX_EXTENSIONS 64
+
+enum {
+  KEEL_EXTENSION_MODEL_EXPORT = 1 /* keel_model_export_extension, on a MODEL component     */
+};
+
+/* Model export (the 1.1 vtable field export_state, as an extension). */
+typedef struct keel_model_export_extension {
+  keel_extension base; /* type = KEEL_EXTENSION_MODEL_EXPORT                                */
+  /* The formats understood, comma-separated ("hf"), for listings. */
+  const char* formats;
+  /* Exports the model's consolidated state (every logical parameter and persistent buffer
+   * under its canonical FQN, whole, on the CPU; read-only) in `format`: the model hands each
+   * exported tensor and file (e.g. config.json) to `sink`. May be called on a model that built
+   * no parts; an unknown format is KEEL_ERROR_UNSUPPORTED. [once][train-thread] */
+  keel_status (*export_state)(keel_model* model, const char* format, const keel_named_tensor* const* state,
+                              size_t count, const keel_export_sink* sink);
+} keel_model_export_extension;
+
+#define KEEL_EXTENSION_SIZE_1_2 KEEL_STRUCT_SIZE(keel_extension, next)
+#define KEEL_MODEL_EXPORT_EXTENSION_SIZE_1_2 KEEL_STRUCT_SIZE(keel_model_export_extension, export_state)
+
 /* ---------------------------------------------------------------- the descriptor */
 
 typedef enum keel_component_kind { KEEL_COMPONENT_MODEL = 1, KEEL_COMPONENT_CLIPPER = 2 } keel_component_kind;
@@ -403,7 +555,15 @@ typedef struct keel_component {
   const char* description;
   /* keel_model_vtable* for MODEL, keel_clipper_vtable* for CLIPPER. */
   const void* vtable;
+
+  /* ---- appended in 1.2 */
+
+  /* The component's extensions, or NULL. Static, like the descriptor. */
+  const keel_extension* extensions;
 } keel_component;
+
+#define KEEL_COMPONENT_SIZE_1_0 KEEL_STRUCT_SIZE(keel_component, vtable)
+#define KEEL_COMPONENT_SIZE_1_2 KEEL_STRUCT_SIZE(keel_component, extensions)
 
 typedef struct keel_plugin_descriptor {
   size_t struct_size;
@@ -417,6 +577,8 @@ typedef struct keel_plugin_descriptor {
   const keel_component* const* components;
   size_t num_components;
 } keel_plugin_descriptor;
+
+#define KEEL_PLUGIN_DESCRIPTOR_SIZE_1_0 KEEL_STRUCT_SIZE(keel_plugin_descriptor, num_components)
 
 /* The plugin's one exported symbol; returns a descriptor with static storage. [once] */
 typedef const keel_plugin_descriptor* (*keel_plugin_entry_fn)(void);

@@ -1,0 +1,89 @@
+// keel/export.hpp — model export: the sink a model hands tensors and files to, and helpers
+// shared by export formats.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <keel/host.hpp>
+#include <keel/keel.h>
+#include <keel/part.hpp>
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace keel {
+
+// ------------------------------------------------------------------ model export
+
+/// The host's receiver of a model export (keel_export_sink): each call hands over one tensor
+/// or file, which the host takes before returning.
+class ExportSink {
+ public:
+  explicit ExportSink(const keel_export_sink* sink) : sink_(sink) {
+    if (sink == nullptr || sink->struct_size < offsetof(keel_export_sink, file) + sizeof(sink->file))
+      throw Error(KEEL_ERROR_INVALID_ARGUMENT, "keel_export_sink is NULL or older than SDK 1.1");
+  }
+  /// Hands over `value` under `name` (a name of the target format).
+  void tensor(const std::string& name, const at::Tensor& value) const {
+    check(sink_->tensor(sink_->context, name.c_str(), handle(value)));
+  }
+  /// Hands over the text file `name` (a plain file name, e.g. "config.json").
+  void file(const std::string& name, const std::string& text) const {
+    check(sink_->file(sink_->context, name.c_str(), text.c_str()));
+  }
+
+ private:
+  const keel_export_sink* sink_;
+};
+
+/// The name transformers' config.json uses for a dtype ("float32", "bfloat16", "float16").
+inline std::string transformers_dtype(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat:
+      return "float32";
+    case at::kBFloat16:
+      return "bfloat16";
+    case at::kHalf:
+      return "float16";
+    default:
+      throw Error(KEEL_ERROR_UNSUPPORTED, std::string("export: no transformers dtype for ") + c10::toString(dtype));
+  }
+}
+
+/// The error a model raises for an export format it does not know.
+inline Error unsupported_format(const std::string& model, const std::string& format, const std::string& known) {
+  return Error(KEEL_ERROR_UNSUPPORTED, model + " cannot export format '" + format + "'; it exports: " + known);
+}
+
+/// its global shape; throws naming the first FQN that is missing, unknown or misshapen.
+inline void check_export_state(Part& whole, const std::map<std::string, at::Tensor>& state) {
+  std::map<std::string, std::vector<int64_t>> expected;
+  auto collect = [&](ParamTable& table, bool persistent_only) {
+    for (const auto& d : table.decls()) {
+      if (persistent_only && (d->flags & KEEL_PARAM_PERSISTENT) == 0) continue;
+      std::vector<int64_t> shape = d->tensor.sizes().vec();
+      if (d->shard_dim >= 0) shape[static_cast<size_t>(d->shard_dim)] = d->global_dim_size;
+      expected.emplace(d->fqn, std::move(shape));
+    }
+  };
+  collect(whole.parameters(), false);
+  collect(whole.buffers(), true);
+  auto text = [](const std::vector<int64_t>& shape) {
+    std::string out = "[";
+    for (size_t i = 0; i < shape.size(); ++i) out += (i > 0 ? ", " : "") + std::to_string(shape[i]);
+    return out + "]";
+  };
+  for (const auto& [fqn, shape] : expected) {
+    auto it = state.find(fqn);
+    if (it == state.end()) throw Error(KEEL_ERROR_INVALID_ARGUMENT, "export: the state lacks '" + fqn + "'");
+    if (it->second.sizes().vec() != shape)
+      throw Error(KEEL_ERROR_INVALID_ARGUMENT, "export: '" + fqn + "' has shape " + text(it->second.sizes().vec()) +
+                                                   ", the model's config gives " + text(shape));
+  }
+  for (const auto& [fqn, value] : state)
+    if (expected.count(fqn) == 0)
+      throw Error(KEEL_ERROR_INVALID_ARGUMENT, "export: '" + fqn + "' is not a tensor of this model's config");
+}
+
+}  // namespace keel
