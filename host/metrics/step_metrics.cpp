@@ -13,6 +13,7 @@ void StepMetrics::report(const std::string& name, const at::Tensor& value, keel_
   if (!value.defined() || value.numel() != 1)
     throw std::invalid_argument(cat("metric '", name, "' must be a one-element tensor"));
   at::Tensor v = value.detach().reshape({}).to(at::kDouble);
+  std::lock_guard<std::mutex> lock(mutex_);
   auto it = entries_.find(name);
   if (it == entries_.end()) {
     entries_[name] = Entry{v.clone(), reduce, 1};
@@ -36,6 +37,7 @@ void StepMetrics::report(const std::string& name, const at::Tensor& value, keel_
 }
 
 std::map<std::string, double> StepMetrics::resolve() const {
+  std::lock_guard<std::mutex> lock(mutex_);
   std::map<std::string, double> out;
   for (const auto& [name, e] : entries_) {
     double v = e.value.item<double>();
@@ -47,8 +49,11 @@ std::map<std::string, double> StepMetrics::resolve() const {
 std::map<std::string, double> StepMetrics::resolve_across(Group& world) const {
   if (world.size() == 1) return resolve();
   nlohmann::json mine = nlohmann::json::object();
-  for (const auto& [name, e] : entries_)
-    mine[name] = {json_number(e.value.item<double>()), e.count, static_cast<int>(e.reduce)};
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& [name, e] : entries_)
+      mine[name] = {json_number(e.value.item<double>()), e.count, static_cast<int>(e.reduce)};
+  }
   struct Merged {
     double value = 0;
     int64_t count = 0;

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <map>
+#include <mutex>
 #include <string>
 
 #include <keel/keel.h>
@@ -13,7 +14,8 @@
 
 namespace keel {
 
-/// Per-step accumulators of reported metrics.
+/// Per-step accumulators of reported metrics. report() may arrive from any thread (a plugin's
+/// code inside autograd's backward); the step's reports are read on the train thread.
 class StepMetrics {
  public:
   /// Adds one report of `name` (a scalar tensor, detached here).
@@ -24,7 +26,10 @@ class StepMetrics {
   /// ranks, SUM adds them, MAX takes the largest, LAST the lowest rank's. [collective: world]
   std::map<std::string, double> resolve_across(Group& world) const;
   /// Forgets this step's reports.
-  void clear() { entries_.clear(); }
+  void clear() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    entries_.clear();
+  }
 
  private:
   struct Entry {
@@ -33,6 +38,7 @@ class StepMetrics {
     int64_t count = 0;
   };
   std::map<std::string, Entry> entries_;
+  mutable std::mutex mutex_;
 };
 
 }  // namespace keel

@@ -10,25 +10,18 @@
 #include "common/error.hpp"
 #include "common/text.hpp"
 #include "config/config_tree.hpp"
+#include "plugins/versioned.hpp"
 
 namespace keel {
 
 namespace {
 
-// OBS style: copy a versioned struct into a zeroed one of this host's size, so fields a
-// plugin's older SDK lacks read as NULL/0 and nothing beyond its struct_size is read.
-template <class T>
-T copy_versioned(const void* source) {
-  T out{};
-  size_t size = *static_cast<const size_t*>(source);
-  std::memcpy(&out, source, std::min(size, sizeof(T)));
-  out.struct_size = sizeof(T);
-  return out;
-}
-
+// The host's own record of a model's entry. Every field is in ABI 1.0, so an entry shorter
+// than that is refused rather than half read.
 ParamRef to_ref(const keel_param_info* info, const std::string& owner) {
-  if (info == nullptr || info->struct_size < offsetof(keel_param_info, active_fraction))
-    throw std::runtime_error(cat(owner, ": a parameter entry is NULL or older than ABI 1.0"));
+  if (info == nullptr || info->struct_size < KEEL_PARAM_INFO_SIZE_1_0)
+    throw std::runtime_error(cat(owner, ": a parameter entry is NULL or smaller than keel_param_info of ABI 1.0 (",
+                                 info == nullptr ? 0 : info->struct_size, " < ", KEEL_PARAM_INFO_SIZE_1_0, " bytes)"));
   keel_param_info full = copy_versioned<keel_param_info>(info);
   if (full.fqn == nullptr || full.fqn[0] == '\0') throw std::runtime_error(cat(owner, ": a parameter has no FQN"));
   if (full.tensor == nullptr || !keel::tensor(full.tensor).defined())
@@ -40,9 +33,18 @@ ParamRef to_ref(const keel_param_info* info, const std::string& owner) {
   ref.shard_dim = full.shard_dim;
   ref.shard_offset = full.shard_offset;
   ref.global_dim_size = full.global_dim_size;
-  ref.active_fraction = info->struct_size > offsetof(keel_param_info, active_fraction) ? full.active_fraction : 1.0;
+  ref.active_fraction = full.active_fraction;
   ref.module_group = full.module_group != nullptr ? full.module_group : "main";
-  ref.raw = info;
+  // The C record points into a block that also owns its strings, so copies of the ParamRef
+  // share one stable record.
+  struct Owned {
+    keel_param_info info;
+    std::string fqn, module_group;
+  };
+  auto owned = std::make_shared<Owned>(Owned{full, ref.fqn, ref.module_group});
+  owned->info.fqn = owned->fqn.c_str();
+  owned->info.module_group = owned->module_group.c_str();
+  ref.record = std::shared_ptr<const keel_param_info>(owned, &owned->info);
   return ref;
 }
 
@@ -103,6 +105,7 @@ at::Tensor ModelPart::forward(const at::Tensor& tokens, const at::Tensor& labels
 Model::Model(const keel_component& component, const std::string& plugin_name, const ConfigSection& config,
              HostServices services)
     : vtable_(copy_versioned<keel_model_vtable>(component.vtable)),
+      extensions_(read_extensions(plugin_name, component)),
       context_(cat("model ", component.name, " (", plugin_name, ")"), services) {
   context_.check(vtable_.create(context_.raw(), HostContext::config_handle(config), &raw_), "create");
   if (raw_ == nullptr) throw std::runtime_error(cat(context_.label(), ": create returned no model"));
@@ -174,7 +177,10 @@ struct ExportReceiver {
 
 ModelExport Model::export_state(const std::string& format,
                                 const std::vector<std::pair<std::string, at::Tensor>>& state) {
-  if (vtable_.export_state == nullptr)
+  // 1.2 offers export as an extension; a 1.1 plugin has it in the vtable.
+  auto* export_state =
+      extensions_.model_export.export_state != nullptr ? extensions_.model_export.export_state : vtable_.export_state;
+  if (export_state == nullptr)
     throw InputError(cat(context_.label(), " cannot export to '", format,
                          "': the plugin has no export_state (it was built against SDK 1.0, or its model does not "
                          "support export)"));
@@ -188,7 +194,7 @@ ModelExport Model::export_state(const std::string& format,
   }
   ExportReceiver receiver{&context_, {}, {}};
   keel_export_sink sink{sizeof(keel_export_sink), &receiver, &ExportReceiver::tensor, &ExportReceiver::file};
-  keel_status status = vtable_.export_state(raw_, format.c_str(), pointers.data(), pointers.size(), &sink);
+  keel_status status = export_state(raw_, format.c_str(), pointers.data(), pointers.size(), &sink);
   try {
     context_.check(status, "export_state");
   } catch (const std::runtime_error& e) {
@@ -232,7 +238,14 @@ std::vector<std::pair<std::string, at::Tensor*>> Clipper::state() {
   const keel_named_tensor* const* entries = nullptr;
   size_t count = 0;
   context_.check(vtable_.state(raw_, &entries, &count), "state");
-  for (size_t i = 0; i < count; ++i) out.push_back({entries[i]->name, &keel::tensor(entries[i]->tensor)});
+  if (count > 0 && entries == nullptr) throw std::runtime_error(cat(context_.label(), ": state lists no array"));
+  for (size_t i = 0; i < count; ++i) {
+    const keel_named_tensor* e = entries[i];
+    if (e == nullptr || e->struct_size < KEEL_NAMED_TENSOR_SIZE_1_0 || e->name == nullptr || e->name[0] == '\0' ||
+        e->tensor == nullptr)
+      throw std::runtime_error(cat(context_.label(), ": state entry #", i, " is NULL, too small or incomplete"));
+    out.push_back({e->name, &keel::tensor(e->tensor)});
+  }
   return out;
 }
 

@@ -13,13 +13,16 @@
 
 #include <keel/keel.h>
 
+#include "plugins/extensions.hpp"
 #include "plugins/host_context.hpp"
 
 namespace keel {
 
 class ConfigSection;
 
-/// The host's record of one parameter or buffer of a part.
+/// The host's record of one parameter or buffer of a part. Its keel_param_info is the host's
+/// own, normalised copy of the model's entry (this host's struct_size, module_group never
+/// NULL): the record clippers receive, never the model plugin's struct. Copies share it.
 struct ParamRef {
   std::string fqn;
   at::Tensor* tensor = nullptr;  ///< the plugin's slot; stable while the part lives
@@ -29,7 +32,10 @@ struct ParamRef {
   int64_t global_dim_size = 0;
   double active_fraction = 1.0;
   std::string module_group = "main";
-  const keel_param_info* raw = nullptr;  ///< the plugin's entry, passed back to clippers
+  std::shared_ptr<const keel_param_info> record;  ///< the host-owned C record (fqn and module_group point here)
+
+  /// The record handed to clippers; stable while any copy of this ParamRef lives.
+  const keel_param_info* info() const { return record.get(); }
 
   bool replica() const { return (flags & KEEL_PARAM_REPLICA) != 0; }
   bool expert() const { return (flags & KEEL_PARAM_EXPERT) != 0; }
@@ -99,6 +105,8 @@ class Model {
   ModelExport export_state(const std::string& format, const std::vector<std::pair<std::string, at::Tensor>>& state);
   /// The vtable (zero-extended to this host's size).
   const keel_model_vtable& vtable() const { return vtable_; }
+  /// The extensions of the model's component that this host knows.
+  const ComponentExtensions& extensions() const { return extensions_; }
   /// The host context the model reports to.
   HostContext& context() { return context_; }
   /// "model <component> (<plugin>)", for messages.
@@ -106,6 +114,7 @@ class Model {
 
  private:
   keel_model_vtable vtable_{};
+  ComponentExtensions extensions_;
   HostContext context_;
   keel_model* raw_ = nullptr;
   keel_model_info info_{};
@@ -121,9 +130,11 @@ class Clipper {
   Clipper(const Clipper&) = delete;
   Clipper& operator=(const Clipper&) = delete;
 
-  /// Hands the clipper every parameter of this rank, once, in clip() order.
+  /// Hands the clipper the host's records of every parameter of this rank, once, in clip()
+  /// order; `params` (the array itself) must outlive the clipper's use of it.
   void bind_model_parts(const std::vector<const keel_param_info*>& params);
-  /// Clips in place; returns the total norm as a device tensor.
+  /// Clips in place; returns the total norm as a device tensor. `params` is the array given to
+  /// bind_model_parts.
   at::Tensor clip(const std::vector<const keel_param_info*>& params);
   /// The clipper's state tensors (empty when stateless).
   std::vector<std::pair<std::string, at::Tensor*>> state();

@@ -27,15 +27,33 @@ const keel_config* HostContext::config_handle(const ConfigSection& section) {
   return reinterpret_cast<const keel_config*>(&section);
 }
 
+void HostContext::record_error(keel_status code, const char* message) {
+  std::lock_guard<std::mutex> lock(errors_mutex_);
+  ErrorSlot& slot = errors_[std::this_thread::get_id()];
+  slot.code = code;
+  slot.message = message != nullptr ? message : "";
+}
+
+HostContext::ErrorSlot HostContext::take_error() {
+  std::lock_guard<std::mutex> lock(errors_mutex_);
+  auto it = errors_.find(std::this_thread::get_id());
+  if (it == errors_.end()) return {};
+  ErrorSlot slot = std::move(it->second);
+  errors_.erase(it);
+  return slot;
+}
+
+const char* HostContext::last_error() {
+  std::lock_guard<std::mutex> lock(errors_mutex_);
+  auto it = errors_.find(std::this_thread::get_id());
+  return it == errors_.end() || it->second.code == KEEL_OK ? nullptr : it->second.message.c_str();
+}
+
 void HostContext::check(keel_status status, const char* call) {
-  if (status == KEEL_OK) {
-    error_code_ = KEEL_OK;
-    error_message_.clear();
-    return;
-  }
-  std::string message = error_message_.empty() ? cat("returned status ", status, " without a message") : error_message_;
-  error_code_ = KEEL_OK;
-  error_message_.clear();
+  ErrorSlot error = take_error();
+  if (status == KEEL_OK) return;
+  std::string message =
+      error.message.empty() ? cat("returned status ", status, " without a message") : std::move(error.message);
   std::string text = cat(label_, ": ", call, " failed: ", message);
   if (status == KEEL_ERROR_CONFIG) throw InputError(cat(label_, ": ", message));
   if (status == KEEL_ERROR_INVALID_ARGUMENT) throw InputError(text);
@@ -95,17 +113,17 @@ struct HostApi {
     log_line(l, message != nullptr ? message : "", ctx(host).label_);
   }
   static void set_error(keel_host* host, keel_status code, const char* message) {
-    HostContext& c = ctx(host);
-    c.error_code_ = code;
-    c.error_message_ = message != nullptr ? message : "";
+    ctx(host).record_error(code, message);
   }
+  static const char* last_error(keel_host* host) { return ctx(host).last_error(); }
   static keel_status mesh_info(keel_host* host, keel_mesh_info* out) {
     return run(host, KEEL_ERROR_RUNTIME, [&] {
-      if (out == nullptr || out->struct_size < sizeof(size_t))
-        throw std::invalid_argument("mesh_info: bad output struct");
+      if (out == nullptr || out->struct_size < KEEL_MESH_INFO_SIZE_1_0)
+        throw std::invalid_argument("mesh_info: the output struct is NULL or smaller than keel_mesh_info of ABI 1.0");
       keel_mesh_info info = ctx(host).services_.mesh->layout().info();
+      // struct_size tells a newer plugin how much of its larger struct this host filled.
       size_t n = std::min(out->struct_size, sizeof(info));
-      info.struct_size = out->struct_size;
+      info.struct_size = n;
       std::memcpy(out, &info, n);
     });
   }
@@ -260,6 +278,7 @@ const keel_host_api& host_api() {
     a.config_bool = &HostApi::config_bool;
     a.config_string = &HostApi::config_string;
     a.config_invalid = &HostApi::config_invalid;
+    a.last_error = &HostApi::last_error;
     return a;
   }();
   return api;

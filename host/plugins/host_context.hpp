@@ -2,7 +2,10 @@
 // instance, so that its log lines and errors carry its name.
 #pragma once
 
+#include <map>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include <keel/keel.h>
 
@@ -18,7 +21,9 @@ struct HostServices {
   StepMetrics* metrics = nullptr;
 };
 
-/// One component's host context. Lives as long as the component.
+/// One component's host context. Lives as long as the component. Errors are recorded per
+/// thread: autograd may run a plugin's backward, and the host calls in it, on its own threads
+/// (keel.h's [any-thread]), so one thread's error never lands in another's call.
 class HostContext {
  public:
   /// `label` names the component in logs and errors ("model llama3").
@@ -31,7 +36,8 @@ class HostContext {
   /// The component's label.
   const std::string& label() const { return label_; }
   /// Throws when `status` is not OK: an InputError for config/argument errors, otherwise a
-  /// std::runtime_error, with the message the component reported and `call` named.
+  /// std::runtime_error, with the message the component reported on this thread and `call`
+  /// named. Clears this thread's error either way.
   void check(keel_status status, const char* call);
 
   /// The context behind a keel_host pointer.
@@ -45,11 +51,19 @@ class HostContext {
     keel_host base;
     HostContext* self;
   };
+  struct ErrorSlot {
+    keel_status code = KEEL_OK;
+    std::string message;
+  };
+  void record_error(keel_status code, const char* message);
+  ErrorSlot take_error();
+  const char* last_error();
+
   Handle handle_;
   std::string label_;
   HostServices services_;
-  keel_status error_code_ = KEEL_OK;
-  std::string error_message_;
+  std::mutex errors_mutex_;
+  std::map<std::thread::id, ErrorSlot> errors_;  ///< node-based: a message's c_str() stays put
 };
 
 /// The function table every HostContext points to.

@@ -14,6 +14,7 @@
 
 #include "common/error.hpp"
 #include "common/text.hpp"
+#include "plugins/extensions.hpp"
 
 namespace keel {
 
@@ -77,17 +78,16 @@ void validate_components(const std::string& path, const keel_plugin_descriptor& 
     throw InputError(cat("plugin ", path, ": descriptor lists ", d.num_components, " components but no array"));
   for (size_t i = 0; i < d.num_components; ++i) {
     const keel_component* c = d.components[i];
-    if (c == nullptr || c->struct_size < sizeof(keel_component))
-      throw InputError(cat("plugin ", path, ": component #", i, " is NULL or smaller than keel_component v1 (",
-                           c == nullptr ? 0 : c->struct_size, " < ", sizeof(keel_component), " bytes)"));
+    if (c == nullptr || c->struct_size < KEEL_COMPONENT_SIZE_1_0)
+      throw InputError(cat("plugin ", path, ": component #", i, " is NULL or smaller than keel_component of ABI 1.0 (",
+                           c == nullptr ? 0 : c->struct_size, " < ", KEEL_COMPONENT_SIZE_1_0, " bytes)"));
     if (!valid_name(c->name))
       throw InputError(cat("plugin ", path, ": component #", i, " has an invalid name (want [a-z0-9_]+)"));
     if (c->kind != KEEL_COMPONENT_MODEL && c->kind != KEEL_COMPONENT_CLIPPER)
       throw InputError(
           cat("plugin ", path, ": component '", c->name, "' has unknown kind ", static_cast<int>(c->kind)));
     // What ABI 1.0 had: later appends are optional and read through copy_versioned.
-    size_t vtable_size =
-        c->kind == KEEL_COMPONENT_MODEL ? offsetof(keel_model_vtable, export_state) : sizeof(keel_clipper_vtable);
+    size_t vtable_size = c->kind == KEEL_COMPONENT_MODEL ? KEEL_MODEL_VTABLE_SIZE_1_0 : KEEL_CLIPPER_VTABLE_SIZE_1_0;
     size_t have = c->vtable == nullptr ? 0 : *static_cast<const size_t*>(c->vtable);
     if (have < vtable_size)
       throw InputError(cat("plugin ", path, ": component '", c->name, "' has a ", kind_name(c->kind), " vtable of ",
@@ -96,6 +96,7 @@ void validate_components(const std::string& path, const keel_plugin_descriptor& 
     if (!missing.empty())
       throw InputError(cat("plugin ", path, ": ", kind_name(c->kind), " component '", c->name,
                            "' lacks required function(s): ", join(missing, ", ")));
+    read_extensions(path, *c);  // refuses a malformed chain; unknown types are skipped
   }
 }
 
@@ -159,9 +160,9 @@ const LoadedPlugin& PluginRegistry::load(const std::string& name_or_path) {
   auto entry = loaded->library.get<const keel_plugin_descriptor*()>(KEEL_PLUGIN_ENTRY_SYMBOL);
   const keel_plugin_descriptor* d = entry();
   // 3. struct size
-  if (d == nullptr || d->struct_size < sizeof(keel_plugin_descriptor))
+  if (d == nullptr || d->struct_size < KEEL_PLUGIN_DESCRIPTOR_SIZE_1_0)
     throw InputError(cat("plugin ", path, ": its descriptor is ", d == nullptr ? 0 : d->struct_size,
-                         " bytes, this host needs at least ", sizeof(keel_plugin_descriptor),
+                         " bytes, this host needs at least ", KEEL_PLUGIN_DESCRIPTOR_SIZE_1_0,
                          " (keel_plugin_descriptor of ABI 1.0); rebuild it against SDK ", KEEL_ABI_MAJOR));
   // 4. ABI major
   if (d->abi_major != KEEL_ABI_MAJOR)

@@ -55,7 +55,7 @@ Trainer::Trainer(Job& job) : job_(job) {
     part->init_weights(c.training.seed);
     for (const ParamRef& p : part->parameters()) {
       params_.push_back(p);
-      param_infos_.push_back(p.raw);
+      param_infos_.push_back(p.info());
     }
   }
   if (c.debug.perturb_replicas == "before_post_init")

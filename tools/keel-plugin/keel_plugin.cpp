@@ -11,6 +11,7 @@
 
 #include "common/error.hpp"
 #include "common/text.hpp"
+#include "plugins/extensions.hpp"
 #include "plugins/plugin_registry.hpp"
 
 namespace {
@@ -22,7 +23,7 @@ int usage(int status) {
   return status;
 }
 
-std::string hooks(const keel_component& c) {
+std::string hooks(const std::string& path, const keel_component& c) {
   std::vector<std::string> out;
   auto tag = [&](const char* name, bool present, bool capture_safe) {
     if (present) out.push_back(keel::cat(name, capture_safe ? " [capture-safe]" : ""));
@@ -32,9 +33,14 @@ std::string hooks(const keel_component& c) {
     tag("post_init", v->post_init != nullptr, false);
     tag("pre_clip", v->pre_clip != nullptr, (v->hook_flags & KEEL_HOOK_PRE_CLIP_CAPTURE_SAFE) != 0);
     tag("post_step", v->post_step != nullptr, false);
-    // Appended in ABI 1.1: an older plugin's vtable ends before it.
-    const bool has_export = v->struct_size > offsetof(keel_model_vtable, export_state) && v->export_state != nullptr;
-    tag("export_state", has_export, false);
+    // Appended in ABI 1.1 (an older plugin's vtable ends before it); an extension from 1.2.
+    const bool legacy_export = v->struct_size >= KEEL_MODEL_VTABLE_SIZE_1_1 && v->export_state != nullptr;
+    const keel::ComponentExtensions extensions = keel::read_extensions(path, c);
+    const keel_model_export_extension& e = extensions.model_export;
+    if (e.export_state != nullptr)
+      out.push_back(keel::cat("export_state [extension; formats: ", e.formats != nullptr ? e.formats : "", "]"));
+    else
+      tag("export_state", legacy_export, false);
   } else {
     auto* v = static_cast<const keel_clipper_vtable*>(c.vtable);
     tag("bind_model_parts", v->bind_model_parts != nullptr, false);
@@ -74,7 +80,13 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < d.num_components; ++i) {
       const keel_component& c = *d.components[i];
       std::printf("  %-8s %s — %s\n", keel::kind_name(c.kind), c.name, c.description != nullptr ? c.description : "");
-      std::printf("           hooks: %s\n", hooks(c).c_str());
+      std::printf("           hooks: %s\n", hooks(plugin.path, c).c_str());
+      const std::vector<int32_t> unknown = keel::read_extensions(plugin.path, c).unknown;
+      if (!unknown.empty()) {
+        std::vector<std::string> types;
+        for (int32_t t : unknown) types.push_back(std::to_string(t));
+        std::printf("           extensions this host does not know (ignored): %s\n", keel::join(types, ", ").c_str());
+      }
     }
     return 0;
   } catch (const keel::InputError& e) {

@@ -71,7 +71,8 @@
  *
  * A complete clipper on the raw ABI (C++ for the tensor maths; keel.hpp makes it shorter). It
  * clamps every gradient to [-0.01, 0.01] and reports the local L2 norm of the logical
- * gradients (a real clipper also sums over the PP group, as norm_clipper does):
+ * gradients (a real clipper also sums over the PP group, as norm_clipper does). The build
+ * compiles this very text as a plugin and trains with it (tests/CMakeLists.txt):
  *
  *   #include <ATen/ATen.h>
  *   #include <torch/headeronly/version.h>
@@ -90,7 +91,8 @@
  *       for (size_t i = 0; i < n; ++i) {
  *         at::Tensor grad = reinterpret_cast<at::Tensor*>(params[i]->tensor)->grad();
  *         if (!grad.defined()) continue;
- *         if (!(params[i]->flags & KEEL_PARAM_REPLICA)) sq = sq + grad.float().square().sum().cpu();
+ *         sq = sq.to(grad.device());
+ *         if (!(params[i]->flags & KEEL_PARAM_REPLICA)) sq = sq + grad.to(at::kFloat).square().sum();
  *         grad.clamp_(-0.01, 0.01);
  *       }
  *       *reinterpret_cast<at::Tensor*>(total_norm) = sq.sqrt();

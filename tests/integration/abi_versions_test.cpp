@@ -1,0 +1,85 @@
+// Plugins of every ABI minor load, train and (from 1.1) export in this host: the same raw-ABI
+// model and clipper built as 1.0, 1.1, 1.2 and a future 1.3 (tests/plugins/versioned_model.cpp),
+// each with traps beyond its struct sizes that a host reading too far would trip over.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "checkpoint/safetensors.hpp"
+#include "test_support.hpp"
+
+namespace keel {
+namespace {
+
+class AbiVersions : public ::testing::TestWithParam<int> {
+ protected:
+  std::string plugin() const { return "versioned_1_" + std::to_string(GetParam()); }
+  std::string plugin_paths() const {
+    return " --plugin-path " + test::test_plugin_dir() + " --plugin-path " + test::plugin_dir();
+  }
+  // Trains 4 steps with the versioned model and clipper, saving a checkpoint at the end.
+  test::CommandResult train(const test::TempDir& dir) const {
+    test::write_file(dir / "job.toml", "[model]\nplugin = \"" + plugin() +
+                                           "\"\ncomponent = \"model\"\n[clipper]\nplugin = \"" + plugin() +
+                                           "\"\ncomponent = \"clipper\"\n[training]\nsteps = 4\nseq_len = 8\n"
+                                           "global_batch = 2\nthreads = 1\n[optimizer]\nlr = 0.05\n"
+                                           "[metrics]\nlog_interval = 1\n[checkpoint]\ninterval = 4\n");
+    return test::run_command(test::bin_dir() + "/keel-train --config " + (dir / "job.toml") + plugin_paths() +
+                             " --set job.run_dir=\\\"" + (dir / "run") + "\\\"");
+  }
+};
+
+TEST_P(AbiVersions, TrainsWithTheModelAndTheClipperOfThatMinor) {
+  test::TempDir dir;
+  test::CommandResult r = train(dir);
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::string metrics = test::read_file(dir / "run/metrics.jsonl");
+  EXPECT_NE(metrics.find("\"step\":4"), std::string::npos) << metrics;
+  EXPECT_EQ(metrics.find("nan"), std::string::npos) << metrics;
+}
+
+TEST_P(AbiVersions, ExportsFromOneOneOnAndRefusesNamingTheVersionBefore) {
+  test::TempDir dir;
+  ASSERT_EQ(train(dir).status, 0);
+  test::CommandResult r = test::run_command(test::bin_dir() + "/keel-ckpt export --hf " + (dir / "hf") + " " +
+                                            (dir / "run/checkpoints/step-4") + plugin_paths());
+  if (GetParam() == 0) {
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_NE(r.output.find("cannot export"), std::string::npos) << r.output;
+    return;
+  }
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(test::read_file(dir / "hf/config.json").find("\"versioned_minor\": " + std::to_string(GetParam())),
+            std::string::npos);
+  EXPECT_EQ(read_safetensors(dir / "hf/model.safetensors").tensors.count("head.weight"), 1u);
+}
+
+TEST_P(AbiVersions, InspectListsExportAndIgnoredExtensions) {
+  test::CommandResult r = test::run_command(test::bin_dir() + "/keel-plugin inspect " + plugin() + plugin_paths());
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("abi        1." + std::to_string(GetParam())), std::string::npos) << r.output;
+  const bool exports = r.output.find("export_state") != std::string::npos;
+  EXPECT_EQ(exports, GetParam() >= 1) << r.output;
+  EXPECT_EQ(r.output.find("[extension; formats: hf]") != std::string::npos, GetParam() >= 2) << r.output;
+  // 0x7e57: the 1.3 plugin's extension that this host cannot know.
+  EXPECT_EQ(r.output.find("does not know (ignored): 32343") != std::string::npos, GetParam() == 3) << r.output;
+}
+
+TEST(HeaderExample, TheRawAbiClipperInKeelHTrainsTheTinyLlama) {
+  test::TempDir dir;
+  test::write_file(dir / "job.toml",
+                   "[model]\nplugin = \"llama3\"\nflavor = \"tiny\"\n[clipper]\nplugin = \"clamp\"\n"
+                   "[training]\nsteps = 3\nseq_len = 16\nglobal_batch = 2\nthreads = 1\n"
+                   "[metrics]\nlog_interval = 1\n");
+  test::CommandResult r = test::run_command(test::bin_dir() + "/keel-train --config " + (dir / "job.toml") +
+                                            " --plugin-path " + test::test_plugin_dir() + " --plugin-path " +
+                                            test::plugin_dir() + " --set job.run_dir=\\\"" + (dir / "run") + "\\\"");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(test::read_file(dir / "run/metrics.jsonl").find("\"step\":3"), std::string::npos);
+}
+
+INSTANTIATE_TEST_SUITE_P(Minor, AbiVersions, ::testing::Values(0, 1, 2, 3),
+                         [](const ::testing::TestParamInfo<int>& info) { return "v1_" + std::to_string(info.param); });
+
+}  // namespace
+}  // namespace keel

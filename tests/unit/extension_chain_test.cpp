@@ -1,0 +1,84 @@
+// The host's reading of a component's extension chain (ABI 1.2): a malformed chain is refused
+// at load naming the plugin, the component and the entry; unknown types are skipped.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "common/error.hpp"
+#include "plugins/extensions.hpp"
+
+namespace keel {
+namespace {
+
+keel_status exporter(keel_model*, const char*, const keel_named_tensor* const*, size_t, const keel_export_sink*) {
+  return KEEL_OK;
+}
+
+keel_component model_with(const keel_extension* chain, size_t size = sizeof(keel_component)) {
+  static const keel_model_vtable vtable{};
+  return keel_component{size, KEEL_COMPONENT_MODEL, "m", "", &vtable, chain};
+}
+
+std::string refusal(const keel_component& c) {
+  try {
+    read_extensions("p.so", c);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ExtensionChain, FindsExportAndSkipsUnknownTypes) {
+  keel_model_export_extension exp{
+      {sizeof(keel_model_export_extension), KEEL_EXTENSION_MODEL_EXPORT, nullptr}, "hf", exporter};
+  keel_extension future{sizeof(keel_extension) + 64, 4242, &exp.base};
+  ComponentExtensions found = read_extensions("p.so", model_with(&future));
+  EXPECT_EQ(found.model_export.export_state, &exporter);
+  EXPECT_STREQ(found.model_export.formats, "hf");
+  ASSERT_EQ(found.unknown.size(), 1u);
+  EXPECT_EQ(found.unknown[0], 4242);
+}
+
+TEST(ExtensionChain, AComponentOlderThanOneTwoHasNoneAndItsChainFieldIsNotRead) {
+  // The field beyond a 1.0 component's struct_size points at garbage: it must not be followed.
+  const keel_extension* garbage = reinterpret_cast<const keel_extension*>(uintptr_t{0x10});
+  ComponentExtensions found = read_extensions("p.so", model_with(garbage, KEEL_COMPONENT_SIZE_1_0));
+  EXPECT_EQ(found.model_export.export_state, nullptr);
+  EXPECT_TRUE(found.unknown.empty());
+}
+
+TEST(ExtensionChain, ALoopIsRefusedNotFollowedForever) {
+  keel_extension a{sizeof(keel_extension), 100, nullptr};
+  keel_extension b{sizeof(keel_extension), 101, &a};
+  a.next = &b;
+  EXPECT_NE(refusal(model_with(&a)).find("more than 64 extensions"), std::string::npos);
+}
+
+TEST(ExtensionChain, ATypeListedTwiceIsRefused) {
+  keel_extension second{sizeof(keel_extension), 7, nullptr};
+  keel_extension first{sizeof(keel_extension), 7, &second};
+  std::string why = refusal(model_with(&first));
+  EXPECT_NE(why.find("component 'm' extension #1: type 7 is listed twice"), std::string::npos) << why;
+}
+
+TEST(ExtensionChain, AnEntrySmallerThanTheHeaderIsRefused) {
+  keel_extension tiny{sizeof(size_t), 9, nullptr};
+  EXPECT_NE(refusal(model_with(&tiny)).find("smaller than keel_extension"), std::string::npos);
+}
+
+TEST(ExtensionChain, AnIncompleteOrMisplacedExportIsRefused) {
+  keel_model_export_extension short_one{
+      {KEEL_EXTENSION_SIZE_1_2, KEEL_EXTENSION_MODEL_EXPORT, nullptr}, "hf", exporter};
+  EXPECT_NE(refusal(model_with(&short_one.base)).find("this host needs at least"), std::string::npos);
+  keel_model_export_extension no_function{
+      {sizeof(keel_model_export_extension), KEEL_EXTENSION_MODEL_EXPORT, nullptr}, "hf", nullptr};
+  EXPECT_NE(refusal(model_with(&no_function.base)).find("no export_state function"), std::string::npos);
+  keel_model_export_extension on_clipper{
+      {sizeof(keel_model_export_extension), KEEL_EXTENSION_MODEL_EXPORT, nullptr}, "hf", exporter};
+  keel_component clipper = model_with(&on_clipper.base);
+  clipper.kind = KEEL_COMPONENT_CLIPPER;
+  EXPECT_NE(refusal(clipper).find("on a clipper"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace keel
