@@ -3,11 +3,17 @@
 // A plugin written with these helpers implements plain C++ classes; the helpers produce the
 // C vtables, turn every exception into a keel_status with its message, and give typed access
 // to the host (config, mesh, collectives, metrics). Nothing here is part of the ABI: a plugin
-// may ignore this header and implement keel.h directly.
+// may ignore this header and implement keel.h directly. The parts, by concern:
+//   keel/host.hpp        handles, errors, guard(), Config, WorkHandle and the Host wrapper
+//   keel/param_view.hpp  ParamView, the accessor of a parameter record
+//   keel/part.hpp        parameter declaration and the Part base class of a model part
+//   keel/export.hpp      ExportSink and helpers shared by export formats
+//   keel/plugin.hpp      model_component, clipper_component and KEEL_PLUGIN
 #pragma once
 
+#include <keel/keel.h>
 #include <keel/export.hpp>
 #include <keel/host.hpp>
-#include <keel/keel.h>
+#include <keel/param_view.hpp>
 #include <keel/part.hpp>
 #include <keel/plugin.hpp>
