@@ -2,8 +2,11 @@
 // Expert parallelism dispatches tokens to the ranks that hold their experts and brings the
 // results back; autograd must carry the gradients the same way in reverse. Each function here
 // is a torch::autograd::Function whose backward is the transposed collective. Backward passes
-// run on the thread that called backward() on CPU, in an order fixed by the graph, so every
-// member of the group reaches the reverse collectives in the same order.
+// run in an order fixed by the graph, so every member of the group reaches the reverse
+// collectives in the same order; on CPU they run on the thread that called backward(), on CUDA
+// on autograd's device threads, which the host API allows ([any-thread] in keel.h). A failed
+// collective there throws keel::HostReported carrying the host's message (last_error), which
+// autograd rethrows to whoever called backward().
 #pragma once
 
 #include <torch/csrc/autograd/custom_function.h>

@@ -4,8 +4,8 @@
 
 #include <ATen/ATen.h>
 
-#include <keel/host.hpp>
 #include <keel/keel.h>
+#include <keel/host.hpp>
 #include <keel/part.hpp>
 
 #include <map>
@@ -20,21 +20,23 @@ namespace keel {
 /// or file, which the host takes before returning.
 class ExportSink {
  public:
-  explicit ExportSink(const keel_export_sink* sink) : sink_(sink) {
-    if (sink == nullptr || sink->struct_size < offsetof(keel_export_sink, file) + sizeof(sink->file))
+  /// Wraps `sink`; `host` (optional) lets a failing callback's error carry the host's message.
+  explicit ExportSink(const keel_export_sink* sink, keel_host* host = nullptr) : sink_(sink), host_(host) {
+    if (sink == nullptr || sink->struct_size < KEEL_EXPORT_SINK_SIZE_1_1)
       throw Error(KEEL_ERROR_INVALID_ARGUMENT, "keel_export_sink is NULL or older than SDK 1.1");
   }
   /// Hands over `value` under `name` (a name of the target format).
   void tensor(const std::string& name, const at::Tensor& value) const {
-    check(sink_->tensor(sink_->context, name.c_str(), handle(value)));
+    check(sink_->tensor(sink_->context, name.c_str(), handle(value)), host_);
   }
   /// Hands over the text file `name` (a plain file name, e.g. "config.json").
   void file(const std::string& name, const std::string& text) const {
-    check(sink_->file(sink_->context, name.c_str(), text.c_str()));
+    check(sink_->file(sink_->context, name.c_str(), text.c_str()), host_);
   }
 
  private:
   const keel_export_sink* sink_;
+  keel_host* host_;
 };
 
 /// The name transformers' config.json uses for a dtype ("float32", "bfloat16", "float16").
@@ -56,6 +58,8 @@ inline Error unsupported_format(const std::string& model, const std::string& for
   return Error(KEEL_ERROR_UNSUPPORTED, model + " cannot export format '" + format + "'; it exports: " + known);
 }
 
+/// Checks that an export's `state` holds exactly the parameters and persistent buffers that
+/// `whole` declares (a part holding the whole model, e.g. built on the meta device), each with
 /// its global shape; throws naming the first FQN that is missing, unknown or misshapen.
 inline void check_export_state(Part& whole, const std::map<std::string, at::Tensor>& state) {
   std::map<std::string, std::vector<int64_t>> expected;
