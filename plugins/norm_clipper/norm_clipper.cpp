@@ -7,74 +7,53 @@
 // counters updated without a host read (on a step the host skips, the host puts them back).
 #include <keel/keel.hpp>
 
-#include <array>
 #include <cmath>
 #include <limits>
-#include <memory>
+#include <span>
+#include <string>
 #include <vector>
 
 namespace {
 
 class NormClipper {
  public:
-  static std::unique_ptr<NormClipper> create(keel::Host host, keel::Config& config) {
-    double max_norm = config.real("max_norm", 1.0);
-    if (!(max_norm > 0) || !std::isfinite(max_norm)) config.invalid("max_norm", "must be a positive number");
+  NormClipper(keel::Host host, keel::Config& config) : host_(host), max_norm_(config.real("max_norm", 1.0)) {
+    if (!(max_norm_ > 0) || !std::isfinite(max_norm_)) config.invalid("max_norm", "must be a positive number");
     std::string norm_type = config.string("norm_type", "2");
     if (norm_type != "2" && norm_type != "inf")
       config.invalid("norm_type", "must be \"2\" or \"inf\", got \"" + norm_type + "\"");
-    return std::unique_ptr<NormClipper>(new NormClipper(host, max_norm, norm_type == "inf"));
+    inf_ = norm_type == "inf";
   }
 
-  keel::Host host() const { return host_; }
-
   // Sorts the parameters once into static lists, so clip() does no per-step classification.
-  void bind_model_parts(const keel_param_info* const* params, size_t count) {
+  void bind(std::span<const keel::ParamView> params) {
     dense_.clear();
     expert_.clear();
     all_.clear();
-    for (size_t i = 0; i < count; ++i) {
-      const keel_param_info& p = keel::param(params[i]);
-      at::Tensor* t = &keel::tensor(p.tensor);
-      all_.push_back(t);
-      if ((p.flags & KEEL_PARAM_REPLICA) != 0) continue;
-      ((p.flags & KEEL_PARAM_EXPERT) != 0 ? expert_ : dense_).push_back(t);
+    for (const keel::ParamView& p : params) {
+      all_.push_back(&p.tensor());
+      if (!p.replica()) (p.expert() ? expert_ : dense_).push_back(&p.tensor());
     }
-    if (count > 0) device_ = keel::tensor(params[0]->tensor).device();
+    if (!params.empty()) device_ = params.front().tensor().device();
     steps_ = steps_.to(device_);
     clipped_steps_ = clipped_steps_.to(device_);
-    bound_ = true;
   }
 
-  std::pair<const keel_named_tensor* const*, size_t> state() {
-    named_[0] = {sizeof(keel_named_tensor), "steps", keel::handle(steps_)};
-    named_[1] = {sizeof(keel_named_tensor), "clipped_steps", keel::handle(clipped_steps_)};
-    state_view_ = {&named_[0], &named_[1]};
-    return {state_view_.data(), state_view_.size()};
-  }
+  keel::StateList state() { return {{"steps", &steps_}, {"clipped_steps", &clipped_steps_}}; }
 
-  at::Tensor clip(const keel_param_info* const* params, size_t count) {
-    if (!bound_) bind_model_parts(params, count);
+  at::Tensor clip(std::span<const keel::ParamView>) {
+    const keel_reduce_op op = inf_ ? KEEL_REDUCE_MAX : KEEL_REDUCE_SUM;
     at::Tensor dense = partial(dense_);
     at::Tensor expert = partial(expert_);
-    if (inf_) {
-      host_.all_reduce(host_.group(KEEL_GROUP_EP), expert, KEEL_REDUCE_MAX);
-      at::Tensor total = at::maximum(dense, expert);
-      host_.all_reduce(host_.group(KEEL_GROUP_PP), total, KEEL_REDUCE_MAX);
-      scale(total);
-      return total;
-    }
-    host_.all_reduce(host_.group(KEEL_GROUP_EP), expert, KEEL_REDUCE_SUM);
-    at::Tensor total_sq = dense + expert;
-    host_.all_reduce(host_.group(KEEL_GROUP_PP), total_sq, KEEL_REDUCE_SUM);
-    at::Tensor total = total_sq.sqrt();
+    host_.all_reduce(host_.group(KEEL_GROUP_EP), expert, op);
+    at::Tensor total = inf_ ? at::maximum(dense, expert) : dense + expert;  // a sum of squares for L2
+    host_.all_reduce(host_.group(KEEL_GROUP_PP), total, op);
+    if (!inf_) total = total.sqrt();
     scale(total);
     return total;
   }
 
  private:
-  NormClipper(keel::Host host, double max_norm, bool inf) : host_(host), max_norm_(max_norm), inf_(inf) {}
-
   static std::vector<at::Tensor> grads_of(const std::vector<at::Tensor*>& params) {
     std::vector<at::Tensor> grads;
     grads.reserve(params.size());
@@ -107,13 +86,10 @@ class NormClipper {
 
   keel::Host host_;
   double max_norm_;
-  bool inf_;
-  bool bound_ = false;
+  bool inf_ = false;
   at::Device device_{at::kCPU};
   std::vector<at::Tensor*> dense_, expert_, all_;
   at::Tensor steps_ = at::zeros({}, at::kFloat), clipped_steps_ = at::zeros({}, at::kFloat);
-  std::array<keel_named_tensor, 2> named_{};
-  std::array<const keel_named_tensor*, 2> state_view_{};
 };
 
 }  // namespace

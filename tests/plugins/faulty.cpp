@@ -4,6 +4,7 @@
 #include <keel/keel.hpp>
 
 #include <memory>
+#include <span>
 #include <stdexcept>
 
 namespace {
@@ -13,8 +14,7 @@ class ReturnsError {
   static std::unique_ptr<ReturnsError> create(keel::Host, keel::Config&) {
     throw keel::Error(KEEL_ERROR_RUNTIME, "returns_error: refusing to start (test)");
   }
-  keel::Host host() const { return keel::Host(nullptr); }
-  at::Tensor clip(const keel_param_info* const*, size_t) { return {}; }
+  at::Tensor clip(std::span<const keel::ParamView>) { return {}; }
 };
 
 class Throws {
@@ -22,8 +22,7 @@ class Throws {
   static std::unique_ptr<Throws> create(keel::Host, keel::Config&) {
     throw std::out_of_range("vector index 7 >= 3 (test)");
   }
-  keel::Host host() const { return keel::Host(nullptr); }
-  at::Tensor clip(const keel_param_info* const*, size_t) { return {}; }
+  at::Tensor clip(std::span<const keel::ParamView>) { return {}; }
 };
 
 class ThrowsInClip {
@@ -31,8 +30,7 @@ class ThrowsInClip {
   static std::unique_ptr<ThrowsInClip> create(keel::Host host, keel::Config&) {
     return std::unique_ptr<ThrowsInClip>(new ThrowsInClip(host));
   }
-  keel::Host host() const { return host_; }
-  at::Tensor clip(const keel_param_info* const*, size_t) {
+  at::Tensor clip(std::span<const keel::ParamView>) {
     // A real LibTorch error: shapes that cannot be multiplied.
     return at::matmul(at::ones({2, 3}), at::ones({2, 3}));
   }
@@ -46,30 +44,20 @@ class ThrowsInClip {
 // only): correct, but not capture-safe, and it says so by leaving KEEL_HOOK_CLIP_CAPTURE_SAFE out.
 class HostSyncClipper {
  public:
-  static std::unique_ptr<HostSyncClipper> create(keel::Host host, keel::Config& config) {
-    return std::unique_ptr<HostSyncClipper>(new HostSyncClipper(host, config.real("max_norm", 1.0)));
-  }
-  keel::Host host() const { return host_; }
-  at::Tensor clip(const keel_param_info* const* params, size_t count) {
+  HostSyncClipper(keel::Host, keel::Config& config) : max_norm_(config.real("max_norm", 1.0)) {}
+  at::Tensor clip(std::span<const keel::ParamView> params) {
     at::Tensor total = at::zeros({}, at::kFloat);
-    for (size_t i = 0; i < count; ++i) {
-      const keel_param_info& p = keel::param(params[i]);
-      at::Tensor g = keel::tensor(p.tensor).grad();
-      if (g.defined() && (p.flags & KEEL_PARAM_REPLICA) == 0)
-        total = total.to(g.device()) + g.to(at::kFloat).square().sum();
-    }
+    for (const keel::ParamView& p : params)
+      if (p.grad().defined() && !p.replica())
+        total = total.to(p.grad().device()) + p.grad().to(at::kFloat).square().sum();
     const double norm = total.sqrt().item<double>();
     if (norm > max_norm_)
-      for (size_t i = 0; i < count; ++i) {
-        at::Tensor g = keel::tensor(keel::param(params[i]).tensor).grad();
-        if (g.defined()) g.mul_(max_norm_ / (norm + 1e-6));
-      }
+      for (const keel::ParamView& p : params)
+        if (p.grad().defined()) p.grad().mul_(max_norm_ / (norm + 1e-6));
     return total.sqrt();
   }
 
  private:
-  HostSyncClipper(keel::Host host, double max_norm) : host_(host), max_norm_(max_norm) {}
-  keel::Host host_;
   double max_norm_;
 };
 

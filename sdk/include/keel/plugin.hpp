@@ -5,44 +5,74 @@
 #include <ATen/ATen.h>
 #include <torch/headeronly/version.h>
 
+#include <keel/keel.h>
 #include <keel/export.hpp>
 #include <keel/host.hpp>
-#include <keel/keel.h>
+#include <keel/param_view.hpp>
 #include <keel/part.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace keel {
 
+/// What a clipper's optional state() returns: each state tensor under its name. The tensors
+/// must stay where they are (the host copies a checkpoint into them).
+using StateList = std::vector<std::pair<std::string, at::Tensor*>>;
+
 namespace detail {
+
+// Builds a component object: through T::create(host, config) when T has one, else T(host, config).
+template <class T>
+std::unique_ptr<T> make_component(Host host, Config& config) {
+  if constexpr (requires { T::create(host, config); })
+    return T::create(host, config);
+  else
+    return std::make_unique<T>(host, config);
+}
+
+// What the ABI's keel_model* / keel_clipper* point to: the C++ object and its host together.
+template <class T>
+struct Holder {
+  Host host{nullptr};
+  std::unique_ptr<T> object;
+};
 
 template <class M>
 struct ModelAdapter {
-  static M& self(keel_model* m) { return *reinterpret_cast<M*>(m); }
+  using H = Holder<M>;
+  static H& holder(keel_model* m) { return *reinterpret_cast<H*>(m); }
   static Part& part(keel_part* p) { return *reinterpret_cast<Part*>(p); }
 
   static keel_status create(keel_host* host, const keel_config* config, keel_model** out) {
     return guard(host, [&] {
       Config cfg(host, config);
-      std::unique_ptr<M> model = M::create(Host(host), cfg);
-      *out = reinterpret_cast<keel_model*>(model.release());
+      auto h = std::make_unique<H>(H{Host(host), make_component<M>(Host(host), cfg)});
+      *out = reinterpret_cast<keel_model*>(h.release());
     });
   }
-  static void destroy(keel_model* m) { delete reinterpret_cast<M*>(m); }
+  static void destroy(keel_model* m) { delete reinterpret_cast<H*>(m); }
   static keel_status info(keel_model* m, keel_model_info* out) {
-    return guard(self(m).host().raw(), [&] {
-      keel_model_info info = self(m).info();
-      info.struct_size = sizeof(info);
-      std::memcpy(out, &info, out->struct_size < sizeof(info) ? out->struct_size : sizeof(info));
+    return guard(holder(m).host.raw(), [&] {
+      if (out == nullptr || out->struct_size < KEEL_MODEL_INFO_SIZE_1_0)
+        throw Error(KEEL_ERROR_INVALID_ARGUMENT, "keel_model_info is NULL or older than SDK 1.0");
+      keel_model_info info = holder(m).object->info();
+      info.struct_size = out->struct_size;  // the caller's struct: fill what both know
+      std::memcpy(out, &info, std::min(out->struct_size, sizeof(info)));
     });
   }
   static keel_status build_part(keel_model* m, const keel_part_spec* spec, keel_part** out) {
-    return guard(self(m).host().raw(), [&] { *out = reinterpret_cast<keel_part*>(&self(m).build_part(*spec)); });
+    return guard(holder(m).host.raw(), [&] {
+      if (spec == nullptr || spec->struct_size < KEEL_PART_SPEC_SIZE_1_0)
+        throw Error(KEEL_ERROR_INVALID_ARGUMENT, "keel_part_spec is NULL or older than SDK 1.0");
+      *out = reinterpret_cast<keel_part*>(&holder(m).object->build_part(*spec));
+    });
   }
   static keel_status parameters(keel_part* p, const keel_param_info* const** out, size_t* count) {
     return guard(part(p).host(), [&] { std::tie(*out, *count) = part(p).parameters().view(); });
@@ -54,68 +84,121 @@ struct ModelAdapter {
     return guard(part(p).host(), [&] { part(p).init_weights(seed); });
   }
   static keel_status forward(keel_part* p, const keel_forward_inputs* in, keel_forward_outputs* out) {
-    return guard(part(p).host(), [&] { part(p).forward(*in, *out); });
+    return guard(part(p).host(), [&] {
+      if (in == nullptr || in->struct_size < KEEL_FORWARD_INPUTS_SIZE_1_0 || out == nullptr ||
+          out->struct_size < KEEL_FORWARD_OUTPUTS_SIZE_1_0)
+        throw Error(KEEL_ERROR_INVALID_ARGUMENT, "forward: inputs or outputs NULL or older than SDK 1.0");
+      part(p).forward(*in, *out);
+    });
   }
   static keel_status post_init(keel_model* m) {
-    return guard(self(m).host().raw(), [&] { self(m).post_init(); });
+    return guard(holder(m).host.raw(), [&] { holder(m).object->post_init(); });
   }
   static keel_status pre_clip(keel_model* m) {
-    return guard(self(m).host().raw(), [&] { self(m).pre_clip(); });
+    return guard(holder(m).host.raw(), [&] { holder(m).object->pre_clip(); });
   }
   static keel_status post_step(keel_model* m) {
-    return guard(self(m).host().raw(), [&] { self(m).post_step(); });
+    return guard(holder(m).host.raw(), [&] { holder(m).object->post_step(); });
   }
   static keel_status export_state(keel_model* m, const char* format, const keel_named_tensor* const* state,
                                   size_t count, const keel_export_sink* sink) {
-    return guard(self(m).host().raw(), [&] {
+    return guard(holder(m).host.raw(), [&] {
       std::map<std::string, at::Tensor> tensors;
       for (size_t i = 0; i < count; ++i) {
         const keel_named_tensor* entry = state[i];
-        if (entry == nullptr || entry->name == nullptr || entry->tensor == nullptr)
+        if (entry == nullptr || entry->struct_size < KEEL_NAMED_TENSOR_SIZE_1_0 || entry->name == nullptr ||
+            entry->tensor == nullptr)
           throw Error(KEEL_ERROR_INVALID_ARGUMENT,
                       "export_state: state entry #" + std::to_string(i) + " is incomplete");
         tensors.emplace(entry->name, tensor(entry->tensor));
       }
-      ExportSink out(sink);
-      self(m).export_state(format != nullptr ? format : "", tensors, out);
+      ExportSink out(sink, holder(m).host.raw());
+      holder(m).object->export_state(format != nullptr ? format : "", tensors, out);
     });
   }
 };
 
+// A clipper and what the adapter keeps for it: the views of the host's records (built once,
+// in bind_model_parts) and the C arrays of its state.
+template <class C>
+struct ClipperHolder : Holder<C> {
+  bool bound = false;
+  std::vector<const keel_param_info*> records;  // the records the views were built from
+  std::vector<ParamView> views;
+  StateList state;
+  std::vector<keel_named_tensor> named;
+  std::vector<const keel_named_tensor*> named_pointers;
+};
+
 template <class C>
 struct ClipperAdapter {
-  static C& self(keel_clipper* c) { return *reinterpret_cast<C*>(c); }
+  using H = ClipperHolder<C>;
+  static H& holder(keel_clipper* c) { return *reinterpret_cast<H*>(c); }
 
   static keel_status create(keel_host* host, const keel_config* config, keel_clipper** out) {
     return guard(host, [&] {
       Config cfg(host, config);
-      std::unique_ptr<C> clipper = C::create(Host(host), cfg);
-      *out = reinterpret_cast<keel_clipper*>(clipper.release());
+      auto h = std::make_unique<H>();
+      h->host = Host(host);
+      h->object = make_component<C>(Host(host), cfg);
+      *out = reinterpret_cast<keel_clipper*>(h.release());
     });
   }
-  static void destroy(keel_clipper* c) { delete reinterpret_cast<C*>(c); }
+  static void destroy(keel_clipper* c) { delete reinterpret_cast<H*>(c); }
+  // Builds the views and hands them to C::bind, when C has one.
+  static void bind(H& h, const keel_param_info* const* params, size_t count) {
+    h.views = param_views(params, count);
+    h.records.assign(params, params + count);
+    h.bound = true;
+    if constexpr (requires(C & c, std::span<const ParamView> v) { c.bind(v); })
+      h.object->bind(std::span<const ParamView>(h.views));
+  }
   static keel_status bind_model_parts(keel_clipper* c, const keel_param_info* const* params, size_t count) {
-    return guard(self(c).host().raw(), [&] { self(c).bind_model_parts(params, count); });
+    return guard(holder(c).host.raw(), [&] { bind(holder(c), params, count); });
   }
   static keel_status clip(keel_clipper* c, const keel_param_info* const* params, size_t count,
                           keel_tensor* total_norm) {
-    return guard(self(c).host().raw(), [&] { tensor(total_norm) = self(c).clip(params, count); });
+    H& h = holder(c);
+    return guard(h.host.raw(), [&] {
+      // The host passes the bound array every step; a caller that passes other records (or
+      // never bound) gets them bound first, so C always sees views of what it clips.
+      if (!h.bound || count != h.records.size() || !std::equal(params, params + count, h.records.begin()))
+        bind(h, params, count);
+      tensor(total_norm) = h.object->clip(std::span<const ParamView>(h.views));
+    });
   }
   static keel_status state(keel_clipper* c, const keel_named_tensor* const** out, size_t* count) {
-    return guard(self(c).host().raw(), [&] { std::tie(*out, *count) = self(c).state(); });
+    H& h = holder(c);
+    return guard(h.host.raw(), [&] {
+      h.state = h.object->state();
+      h.named.clear();
+      h.named_pointers.clear();
+      for (auto& [name, t] : h.state) h.named.push_back({sizeof(keel_named_tensor), name.c_str(), handle(*t)});
+      for (const keel_named_tensor& n : h.named) h.named_pointers.push_back(&n);
+      *out = h.named_pointers.data();
+      *count = h.named_pointers.size();
+    });
   }
+};
+
+template <class M>
+constexpr bool has_export = requires(M& m, const std::string& format, const std::map<std::string, at::Tensor>& state,
+                                     ExportSink& sink) {
+  m.export_state(format, state, sink);
 };
 
 }  // namespace detail
 
 /// The MODEL component of class M. M provides:
-///   static std::unique_ptr<M> create(keel::Host, keel::Config&);
-///   keel::Host host() const;  keel_model_info info();  keel::Part& build_part(const keel_part_spec&);
+///   M(keel::Host, keel::Config&)  (or static std::unique_ptr<M> create(keel::Host, keel::Config&));
+///   keel_model_info info();  keel::Part& build_part(const keel_part_spec&);
 /// and optionally post_init(), pre_clip(), post_step() and
 ///   void export_state(const std::string& format, const std::map<std::string, at::Tensor>& state,
 ///                     keel::ExportSink& sink);
-/// a hook M lacks is NULL in the vtable. `hook_flags` declares capture-safe hooks
-/// (KEEL_HOOK_*_CAPTURE_SAFE).
+/// with `static constexpr const char* export_formats = "hf";` naming the formats. A hook M
+/// lacks is NULL in the vtable; export is offered as a KEEL_EXTENSION_MODEL_EXPORT extension.
+/// `hook_flags` declares capture-safe hooks (KEEL_HOOK_*_CAPTURE_SAFE). Every member function
+/// is called on the train thread.
 template <class M>
 const keel_component* model_component(const char* name, const char* description, uint32_t hook_flags = 0) {
   using A = detail::ModelAdapter<M>;
@@ -134,21 +217,33 @@ const keel_component* model_component(const char* name, const char* description,
     if constexpr (requires(M & m) { m.pre_clip(); }) v.pre_clip = &A::pre_clip;
     if constexpr (requires(M & m) { m.post_step(); }) v.post_step = &A::post_step;
     v.hook_flags = hook_flags;
-    if constexpr (requires(M & m, const std::string& format, const std::map<std::string, at::Tensor>& state,
-                           ExportSink& sink) { m.export_state(format, state, sink); })
-      v.export_state = &A::export_state;
-    return v;
+    return v;  // export_state stays NULL: 1.2 offers it as an extension
   }();
-  static const keel_component component{sizeof(keel_component), KEEL_COMPONENT_MODEL, name, description, &vtable,
-                                        nullptr};
+  const keel_extension* extensions = nullptr;
+  if constexpr (detail::has_export<M>) {
+    static const keel_model_export_extension export_extension = [] {
+      keel_model_export_extension e{};
+      e.base = {sizeof(keel_model_export_extension), KEEL_EXTENSION_MODEL_EXPORT, nullptr};
+      if constexpr (requires { M::export_formats; })
+        e.formats = M::export_formats;
+      else
+        e.formats = "";
+      e.export_state = &A::export_state;
+      return e;
+    }();
+    extensions = &export_extension.base;
+  }
+  static const keel_component component{
+      sizeof(keel_component), KEEL_COMPONENT_MODEL, name, description, &vtable, extensions};
   return &component;
 }
 
 /// The CLIPPER component of class C. C provides:
-///   static std::unique_ptr<C> create(keel::Host, keel::Config&);  keel::Host host() const;
-///   at::Tensor clip(const keel_param_info* const*, size_t);
-/// and optionally bind_model_parts(const keel_param_info* const*, size_t) and
-/// std::pair<const keel_named_tensor* const*, size_t> state().
+///   C(keel::Host, keel::Config&)  (or static std::unique_ptr<C> create(keel::Host, keel::Config&));
+///   at::Tensor clip(std::span<const keel::ParamView>);
+/// and optionally void bind(std::span<const keel::ParamView>) (once, before the first clip,
+/// with the views clip() then receives every step: sort them into static lists there) and
+/// keel::StateList state(). Every member function is called on the train thread.
 template <class C>
 const keel_component* clipper_component(const char* name, const char* description, uint32_t hook_flags = 0) {
   using A = detail::ClipperAdapter<C>;
@@ -157,15 +252,14 @@ const keel_component* clipper_component(const char* name, const char* descriptio
     v.struct_size = sizeof(v);
     v.create = &A::create;
     v.destroy = &A::destroy;
+    v.bind_model_parts = &A::bind_model_parts;  // the adapter builds the views there
     v.clip = &A::clip;
-    if constexpr (requires(C & c, const keel_param_info* const* p, size_t n) { c.bind_model_parts(p, n); })
-      v.bind_model_parts = &A::bind_model_parts;
     if constexpr (requires(C & c) { c.state(); }) v.state = &A::state;
     v.hook_flags = hook_flags;
     return v;
   }();
-  static const keel_component component{sizeof(keel_component), KEEL_COMPONENT_CLIPPER, name, description, &vtable,
-                                        nullptr};
+  static const keel_component component{
+      sizeof(keel_component), KEEL_COMPONENT_CLIPPER, name, description, &vtable, nullptr};
   return &component;
 }
 
