@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "common/error.hpp"
 #include "plugins/extensions.hpp"
@@ -48,10 +49,18 @@ TEST(ExtensionChain, AComponentOlderThanOneTwoHasNoneAndItsChainFieldIsNotRead) 
 }
 
 TEST(ExtensionChain, ALoopIsRefusedNotFollowedForever) {
+  // Every loop comes back to a type already seen.
   keel_extension a{sizeof(keel_extension), 100, nullptr};
   keel_extension b{sizeof(keel_extension), 101, &a};
   a.next = &b;
-  EXPECT_NE(refusal(model_with(&a)).find("more than 64 extensions"), std::string::npos);
+  EXPECT_NE(refusal(model_with(&a)).find("type 100 is listed twice"), std::string::npos);
+}
+
+TEST(ExtensionChain, AChainLongerThanTheLimitIsRefused) {
+  std::vector<keel_extension> chain(KEEL_MAX_EXTENSIONS + 1);
+  for (size_t i = 0; i < chain.size(); ++i)
+    chain[i] = {sizeof(keel_extension), static_cast<int32_t>(1000 + i), i + 1 < chain.size() ? &chain[i + 1] : nullptr};
+  EXPECT_NE(refusal(model_with(chain.data())).find("more than 64 extensions"), std::string::npos);
 }
 
 TEST(ExtensionChain, ATypeListedTwiceIsRefused) {
