@@ -1,6 +1,7 @@
 // Layout-independent weight initialisation for plugin authors: every tensor (every expert
 // slice) is drawn from its own CPU generator seeded by (seed, FQN[, index]), then copied to
 // the parameter's device, so a sharded or pipelined run starts from the single-rank weights.
+// A rule is data (Normal, TruncatedNormal, Constant), written where the parameter is declared.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -9,6 +10,7 @@
 
 #include <cstdint>
 #include <string>
+#include <variant>
 
 namespace keel::init {
 
@@ -46,6 +48,36 @@ inline void truncated_normal_(at::Tensor& param, uint64_t seed, const std::strin
 inline void constant_(at::Tensor& param, double value) {
   c10::NoGradGuard no_grad;
   param.fill_(value);
+}
+
+/// N(0, std^2), as normal_.
+struct Normal {
+  double std = 1.0;
+};
+
+/// N(0, std^2) clamped at cutoff standard deviations, as truncated_normal_.
+struct TruncatedNormal {
+  double std = 0.02;
+  double cutoff = 3.0;
+};
+
+/// A constant, as constant_.
+struct Constant {
+  double value = 0.0;
+};
+
+/// How a parameter or buffer starts: written with its declaration.
+using Rule = std::variant<Normal, TruncatedNormal, Constant>;
+
+/// Fills `param` by `rule`, drawing from (seed, fqn, index) as the functions above do.
+inline void apply(const Rule& rule, at::Tensor& param, uint64_t seed, const std::string& fqn, int64_t index = -1) {
+  if (const auto* n = std::get_if<Normal>(&rule)) {
+    normal_(param, seed, fqn, n->std, index);
+  } else if (const auto* t = std::get_if<TruncatedNormal>(&rule)) {
+    truncated_normal_(param, seed, fqn, t->std, t->cutoff, index);
+  } else {
+    constant_(param, std::get<Constant>(rule).value);
+  }
 }
 
 }  // namespace keel::init

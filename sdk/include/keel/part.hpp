@@ -4,10 +4,12 @@
 
 #include <ATen/ATen.h>
 
-#include <keel/host.hpp>
 #include <keel/keel.h>
+#include <keel/host.hpp>
+#include <keel/init.hpp>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,7 +18,75 @@ namespace keel {
 
 // ------------------------------------------------------------------ parameters
 
-/// A parameter or buffer as a plugin declares it; the SDK keeps the C view in sync.
+/// Where a declared parameter sits and how it counts, beyond its name, shape and init rule.
+/// An aggregate: `{.flags = KEEL_PARAM_REPLICA}`, or experts() for routed experts.
+struct ParamOptions {
+  uint32_t flags = 0;                 ///< KEEL_PARAM_REPLICA, KEEL_PARAM_EXPERT (buffers: PERSISTENT)
+  int32_t shard_dim = -1;             ///< -1: the tensor is the whole parameter
+  int64_t shard_offset = 0;           ///< this tensor is global[offset : offset + size(shard_dim)]
+  int64_t global_dim_size = 0;        ///< the global tensor's size along shard_dim
+  double active_fraction = 1.0;       ///< the fraction one token uses (top_k / n_experts for experts)
+  std::string module_group = "main";  ///< the group reports count the parameter under
+
+  /// Routed experts [first, first + size(0)) of `total`, sharded along dim 0; `active` of
+  /// them serve one token.
+  static ParamOptions experts(int64_t first, int64_t total, double active) {
+    return {.flags = KEEL_PARAM_EXPERT,
+            .shard_dim = 0,
+            .shard_offset = first,
+            .global_dim_size = total,
+            .active_fraction = active};
+  }
+};
+
+/// One parameter or buffer: the keel_param_info the host reads (the base, whose address is
+/// what view() hands out) and the storage its pointers point to. The members `fqn`, `tensor`
+/// and `module_group` hide the base's C pointers of the same names, which point at them; the
+/// other fields (flags, shard_dim, shard_offset, global_dim_size, active_fraction) are the
+/// base's own, so a write to them is what the host reads.
+class ParamRecord : public keel_param_info {
+ public:
+  ParamRecord(std::string name, at::Tensor value, std::optional<init::Rule> init, const ParamOptions& options)
+      : keel_param_info{},
+        fqn(std::move(name)),
+        tensor(std::move(value)),
+        module_group(options.module_group),
+        rule(std::move(init)) {
+    struct_size = sizeof(keel_param_info);
+    keel_param_info::fqn = fqn.c_str();
+    keel_param_info::tensor = handle(tensor);
+    flags = options.flags;
+    shard_dim = options.shard_dim;
+    shard_offset = options.shard_offset;
+    global_dim_size = options.global_dim_size;
+    active_fraction = options.active_fraction;
+    keel_param_info::module_group = module_group.c_str();
+  }
+  ParamRecord(const ParamRecord&) = delete;
+  ParamRecord& operator=(const ParamRecord&) = delete;
+
+  const std::string fqn;           ///< canonical FQN
+  at::Tensor tensor;               ///< the slot the host's keel_tensor handle points at
+  const std::string module_group;  ///< "main", "mtp", ...
+  std::optional<init::Rule> rule;  ///< how init_weights draws it (none: the part draws it itself)
+
+  /// The C view the host reads.
+  const keel_param_info* info() const { return this; }
+
+  /// Draws the tensor by its rule from (seed, fqn). A tensor sharded along dim 0 draws slice e
+  /// from index shard_offset + e, so any sharding draws the single-rank tensor's slices.
+  void initialise(uint64_t seed) {
+    if (!rule) throw Error(KEEL_ERROR_INTERNAL, "'" + fqn + "' was declared without an init rule");
+    if (shard_dim != 0) return init::apply(*rule, tensor, seed, fqn);
+    for (int64_t e = 0; e < tensor.size(0); ++e) {
+      at::Tensor slice = tensor.select(0, e);
+      init::apply(*rule, slice, seed, fqn, shard_offset + e);
+    }
+  }
+};
+
+/// A parameter as SDK 1.1 code declares it (no init rule); ParamTable::add(ParamDecl) turns it
+/// into a ParamRecord. New code declares with Part::param.
 struct ParamDecl {
   std::string fqn;
   at::Tensor tensor;
@@ -28,48 +98,42 @@ struct ParamDecl {
   std::string module_group = "main";
 };
 
-/// Stable C views (keel_param_info) of a list of ParamDecl.
+/// A part's parameters (or buffers): records at stable addresses, in declaration order.
 class ParamTable {
  public:
-  /// Adds a declaration; returns the tensor slot that stays valid while the table lives.
-  at::Tensor& add(ParamDecl decl) {
-    decls_.push_back(std::make_unique<ParamDecl>(std::move(decl)));
-    dirty_ = true;
-    return decls_.back()->tensor;
+  /// Adds a record; the record (and so its tensor slot) stays where it is while the table lives.
+  ParamRecord& add(std::string fqn, at::Tensor tensor, std::optional<init::Rule> init, const ParamOptions& options) {
+    records_.push_back(std::make_unique<ParamRecord>(std::move(fqn), std::move(tensor), std::move(init), options));
+    pointers_.push_back(records_.back()->info());
+    return *records_.back();
   }
-  /// The declarations, in insertion order.
-  const std::vector<std::unique_ptr<ParamDecl>>& decls() const { return decls_; }
-  /// The C views, rebuilt after additions.
-  std::pair<const keel_param_info* const*, size_t> view() {
-    if (dirty_) rebuild();
-    return {pointers_.data(), pointers_.size()};
+  /// Adds an SDK 1.1 declaration (no init rule); returns its tensor slot.
+  at::Tensor& add(ParamDecl d) {
+    ParamOptions options{d.flags, d.shard_dim, d.shard_offset, d.global_dim_size, d.active_fraction, d.module_group};
+    return add(std::move(d.fqn), std::move(d.tensor), std::nullopt, options).tensor;
+  }
+  /// The records, in declaration order.
+  const std::vector<std::unique_ptr<ParamRecord>>& records() const { return records_; }
+  /// The records (the SDK 1.1 name).
+  const std::vector<std::unique_ptr<ParamRecord>>& decls() const { return records_; }
+  /// The record named `fqn`, or nullptr.
+  ParamRecord* find(const std::string& fqn) const {
+    for (const auto& r : records_)
+      if (r->fqn == fqn) return r.get();
+    return nullptr;
+  }
+  /// The number of records.
+  size_t size() const { return records_.size(); }
+  /// The C views, one per record, in declaration order.
+  std::pair<const keel_param_info* const*, size_t> view() const { return {pointers_.data(), pointers_.size()}; }
+  /// Draws every record by its rule (ParamRecord::initialise).
+  void initialise(uint64_t seed) {
+    for (auto& r : records_) r->initialise(seed);
   }
 
  private:
-  void rebuild() {
-    infos_.assign(decls_.size(), keel_param_info{});
-    pointers_.clear();
-    for (size_t i = 0; i < decls_.size(); ++i) {
-      ParamDecl& d = *decls_[i];
-      keel_param_info& info = infos_[i];
-      info.struct_size = sizeof(keel_param_info);
-      info.fqn = d.fqn.c_str();
-      info.tensor = handle(d.tensor);
-      info.flags = d.flags;
-      info.shard_dim = d.shard_dim;
-      info.shard_offset = d.shard_offset;
-      info.global_dim_size = d.global_dim_size;
-      info.active_fraction = d.active_fraction;
-      info.module_group = d.module_group.c_str();
-      pointers_.push_back(&info);
-    }
-    dirty_ = false;
-  }
-
-  std::vector<std::unique_ptr<ParamDecl>> decls_;
-  std::vector<keel_param_info> infos_;
+  std::vector<std::unique_ptr<ParamRecord>> records_;
   std::vector<const keel_param_info*> pointers_;
-  bool dirty_ = true;
 };
 
 /// Reads one C parameter entry, checking its struct_size once.
@@ -92,16 +156,22 @@ inline at::TensorOptions part_options(const keel_part_spec& spec) {
 
 // ------------------------------------------------------------------ model adapters
 
-/// Base of a model part written in C++: declare parameters and buffers in the constructor.
+/// Base of a model part written in C++: declare parameters and buffers in the constructor,
+/// each with its init rule, and implement forward().
 class Part {
  public:
-  explicit Part(keel_host* host) : host_(host) {}
+  /// A part whose declarations live on `options`' device and dtype (see part_options).
+  explicit Part(keel_host* host, at::TensorOptions options = {}) : host_(host), options_(options) {}
   virtual ~Part() = default;
   Part(const Part&) = delete;
   Part& operator=(const Part&) = delete;
 
-  /// Initialises every parameter and buffer from (seed, FQN).
-  virtual void init_weights(uint64_t seed) = 0;
+  /// Initialises every parameter and buffer from (seed, FQN): by default each by the rule it
+  /// was declared with.
+  virtual void init_weights(uint64_t seed) {
+    parameters_.initialise(seed);
+    buffers_.initialise(seed);
+  }
   /// Runs one microbatch; assigns outputs.activation or outputs.loss_sum.
   virtual void forward(const keel_forward_inputs& inputs, keel_forward_outputs& outputs) = 0;
 
@@ -111,13 +181,29 @@ class Part {
   ParamTable& parameters() { return parameters_; }
   /// Buffers.
   ParamTable& buffers() { return buffers_; }
+  /// The device and parameter dtype declarations use.
+  const at::TensorOptions& options() const { return options_; }
+
+  /// Declares a trainable parameter of `shape` (the local shard's), drawn by `init`; the slot
+  /// stays valid while the part lives.
+  at::Tensor& param(std::string fqn, std::vector<int64_t> shape, init::Rule init, const ParamOptions& options = {}) {
+    at::Tensor t = at::empty(shape, options_).requires_grad_(true);
+    return parameters_.add(std::move(fqn), std::move(t), std::move(init), options).tensor;
+  }
+  /// Declares an fp32 buffer of `shape` set by `init`; persistent buffers are checkpointed.
+  at::Tensor& buffer(std::string fqn, std::vector<int64_t> shape, init::Rule init, bool persistent,
+                     std::string module_group = "main") {
+    ParamOptions options{.flags = persistent ? uint32_t{KEEL_PARAM_PERSISTENT} : 0u,
+                         .module_group = std::move(module_group)};
+    at::Tensor t = at::zeros(shape, options_.dtype(at::kFloat));
+    return buffers_.add(std::move(fqn), std::move(t), std::move(init), options).tensor;
+  }
 
  private:
   keel_host* host_;
+  at::TensorOptions options_;
   ParamTable parameters_;
   ParamTable buffers_;
 };
 
-/// Checks that an export's `state` holds exactly the parameters and persistent buffers that
-/// `whole` declares (a part holding the whole model, e.g. built on the meta device), each with
 }  // namespace keel
