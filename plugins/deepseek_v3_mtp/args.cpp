@@ -1,126 +1,91 @@
 #include "args.hpp"
 
+#include <keel/fields.hpp>
+
 #include <cmath>
-#include <map>
+#include <vector>
 
 namespace deepseek_v3 {
 
 namespace {
 
-Args tiny() {
-  Args a;
-  a.vocab_size = 256, a.dim = 64, a.n_layers = 3, a.n_dense_layers = 1, a.n_heads = 4;
-  a.q_lora_rank = 32, a.kv_lora_rank = 32, a.qk_nope_head_dim = 16, a.qk_rope_head_dim = 8, a.v_head_dim = 16;
-  a.dense_hidden = 128, a.moe_hidden = 32, a.n_routed_experts = 8, a.n_shared_experts = 1, a.top_k = 2;
-  a.score_func = "sigmoid", a.n_expert_groups = 4, a.n_limited_groups = 2, a.route_norm = true, a.route_scale = 2.5;
-  a.rope_factor = 4.0, a.original_seq_len = 16;
-  a.num_mtp_layers = 1;
-  return a;
-}
+std::string str(int64_t v) { return std::to_string(v); }
 
-Args debug() {
-  Args a;
-  a.vocab_size = 2048, a.dim = 256, a.n_layers = 6, a.n_dense_layers = 1, a.n_heads = 16;
-  a.q_lora_rank = 0, a.kv_lora_rank = 512, a.qk_nope_head_dim = 128, a.qk_rope_head_dim = 64, a.v_head_dim = 128;
-  a.dense_hidden = 1024, a.moe_hidden = 256, a.n_routed_experts = 8, a.n_shared_experts = 2, a.top_k = 3;
-  a.score_func = "sigmoid", a.route_norm = true, a.route_scale = 1.0;
-  a.num_mtp_layers = 1;
-  return a;
-}
-
-// DeepSeek-V2-Lite's shape (published: 15.7 B total, 2.4 B activated; no MTP).
-Args v2_lite() {
-  Args a;
-  a.vocab_size = 102400, a.dim = 2048, a.n_layers = 27, a.n_dense_layers = 1, a.n_heads = 16;
-  a.q_lora_rank = 0, a.kv_lora_rank = 512, a.qk_nope_head_dim = 128, a.qk_rope_head_dim = 64, a.v_head_dim = 128;
-  a.dense_hidden = 10944, a.moe_hidden = 1408, a.n_routed_experts = 64, a.n_shared_experts = 2, a.top_k = 6;
-  a.score_func = "softmax", a.route_norm = false, a.route_scale = 1.0;
-  a.rope_factor = 40.0, a.original_seq_len = 4096, a.mscale = 0.707, a.mscale_all_dim = 0.707;
-  a.num_mtp_layers = 0;
-  return a;
-}
-
-// The published DeepSeek-V3 config (671 B main model, 37 B activated, 1 MTP layer).
-Args v3() {
-  Args a;
-  a.vocab_size = 129280, a.dim = 7168, a.n_layers = 61, a.n_dense_layers = 3, a.n_heads = 128;
-  a.q_lora_rank = 1536, a.kv_lora_rank = 512, a.qk_nope_head_dim = 128, a.qk_rope_head_dim = 64, a.v_head_dim = 128;
-  a.dense_hidden = 18432, a.moe_hidden = 2048, a.n_routed_experts = 256, a.n_shared_experts = 1, a.top_k = 8;
-  a.score_func = "sigmoid", a.n_expert_groups = 8, a.n_limited_groups = 4, a.route_norm = true, a.route_scale = 2.5;
-  a.rope_factor = 40.0, a.original_seq_len = 4096, a.mscale = 1.0, a.mscale_all_dim = 1.0;
-  a.num_mtp_layers = 1;
-  return a;
-}
-
-const std::map<std::string, Args>& flavors() {
-  static const std::map<std::string, Args> table = {
-      {"tiny", tiny()}, {"debug", debug()}, {"16b", v2_lite()}, {"671b", v3()}};
+// Every [model] key: the member it sets and, for integers, the least value it may take.
+const std::vector<keel::Field<Args>>& fields() {
+  static const std::vector<keel::Field<Args>> table = {
+      {"vocab_size", &Args::vocab_size, 1},
+      {"dim", &Args::dim, 1},
+      {"n_layers", &Args::n_layers, 1},
+      {"n_dense_layers", &Args::n_dense_layers, 0},
+      {"n_heads", &Args::n_heads, 1},
+      {"q_lora_rank", &Args::q_lora_rank, 0},
+      {"kv_lora_rank", &Args::kv_lora_rank, 1},
+      {"qk_nope_head_dim", &Args::qk_nope_head_dim, 0},
+      {"qk_rope_head_dim", &Args::qk_rope_head_dim, 2},
+      {"v_head_dim", &Args::v_head_dim, 1},
+      {"dense_hidden", &Args::dense_hidden, 1},
+      {"moe_hidden", &Args::moe_hidden, 1},
+      {"n_routed_experts", &Args::n_routed_experts, 1},
+      {"n_shared_experts", &Args::n_shared_experts, 0},
+      {"top_k", &Args::top_k, 1},
+      {"score_func", &Args::score_func},
+      {"n_expert_groups", &Args::n_expert_groups, 1},
+      {"n_limited_groups", &Args::n_limited_groups, 1},
+      {"route_norm", &Args::route_norm},
+      {"route_scale", &Args::route_scale},
+      {"load_balance_coeff", &Args::load_balance_coeff},
+      {"rope_theta", &Args::rope_theta},
+      {"rope_factor", &Args::rope_factor},
+      {"original_seq_len", &Args::original_seq_len, 1},
+      {"beta_fast", &Args::beta_fast},
+      {"beta_slow", &Args::beta_slow},
+      {"mscale", &Args::mscale},
+      {"mscale_all_dim", &Args::mscale_all_dim},
+      {"norm_eps", &Args::norm_eps},
+      {"num_mtp_layers", &Args::num_mtp_layers, 0},
+      {"mtp_loss_scale", &Args::mtp_loss_scale},
+  };
   return table;
 }
 
-std::string str(int64_t v) { return std::to_string(v); }
+// The named sizes, one per paragraph; a member a row leaves out keeps its default in Args.
+const std::vector<keel::Flavor<Args>>& flavors() {
+  // clang-format off
+  static const std::vector<keel::Flavor<Args>> table = {
+      {"tiny", {.vocab_size = 256, .dim = 64, .n_layers = 3, .n_dense_layers = 1, .n_heads = 4,
+                .q_lora_rank = 32, .kv_lora_rank = 32, .qk_nope_head_dim = 16, .qk_rope_head_dim = 8, .v_head_dim = 16,
+                .dense_hidden = 128, .moe_hidden = 32, .n_routed_experts = 8, .n_shared_experts = 1, .top_k = 2,
+                .score_func = "sigmoid", .n_expert_groups = 4, .n_limited_groups = 2, .route_norm = true,
+                .route_scale = 2.5, .rope_factor = 4.0, .original_seq_len = 16, .num_mtp_layers = 1}},
+      {"debug", {.vocab_size = 2048, .dim = 256, .n_layers = 6, .n_dense_layers = 1, .n_heads = 16,
+                 .q_lora_rank = 0, .kv_lora_rank = 512, .qk_nope_head_dim = 128, .qk_rope_head_dim = 64,
+                 .v_head_dim = 128, .dense_hidden = 1024, .moe_hidden = 256, .n_routed_experts = 8,
+                 .n_shared_experts = 2, .top_k = 3, .score_func = "sigmoid", .route_norm = true, .route_scale = 1.0,
+                 .num_mtp_layers = 1}},
+      // DeepSeek-V2-Lite's shape (published: 15.7 B total, 2.4 B activated; no MTP).
+      {"16b", {.vocab_size = 102400, .dim = 2048, .n_layers = 27, .n_dense_layers = 1, .n_heads = 16,
+               .q_lora_rank = 0, .kv_lora_rank = 512, .qk_nope_head_dim = 128, .qk_rope_head_dim = 64,
+               .v_head_dim = 128, .dense_hidden = 10944, .moe_hidden = 1408, .n_routed_experts = 64,
+               .n_shared_experts = 2, .top_k = 6, .score_func = "softmax", .route_norm = false, .route_scale = 1.0,
+               .rope_factor = 40.0, .original_seq_len = 4096, .mscale = 0.707, .mscale_all_dim = 0.707,
+               .num_mtp_layers = 0}},
+      // The published DeepSeek-V3 config (671 B main model, 37 B activated, 1 MTP layer).
+      {"671b", {.vocab_size = 129280, .dim = 7168, .n_layers = 61, .n_dense_layers = 3, .n_heads = 128,
+                .q_lora_rank = 1536, .kv_lora_rank = 512, .qk_nope_head_dim = 128, .qk_rope_head_dim = 64,
+                .v_head_dim = 128, .dense_hidden = 18432, .moe_hidden = 2048, .n_routed_experts = 256,
+                .n_shared_experts = 1, .top_k = 8, .score_func = "sigmoid", .n_expert_groups = 8,
+                .n_limited_groups = 4, .route_norm = true, .route_scale = 2.5, .rope_factor = 40.0,
+                .original_seq_len = 4096, .mscale = 1.0, .mscale_all_dim = 1.0, .num_mtp_layers = 1}},
+  };
+  // clang-format on
+  return table;
+}
 
 }  // namespace
 
 Args read_args(keel::Config& c) {
-  std::string flavor = c.string("flavor", "debug");
-  auto it = flavors().find(flavor);
-  if (it == flavors().end()) c.invalid("flavor", "unknown flavor '" + flavor + "'; known: tiny, debug, 16b, 671b");
-  Args a = it->second;
-  c.update("vocab_size", a.vocab_size);
-  c.update("dim", a.dim);
-  c.update("n_layers", a.n_layers);
-  c.update("n_dense_layers", a.n_dense_layers);
-  c.update("n_heads", a.n_heads);
-  c.update("q_lora_rank", a.q_lora_rank);
-  c.update("kv_lora_rank", a.kv_lora_rank);
-  c.update("qk_nope_head_dim", a.qk_nope_head_dim);
-  c.update("qk_rope_head_dim", a.qk_rope_head_dim);
-  c.update("v_head_dim", a.v_head_dim);
-  c.update("dense_hidden", a.dense_hidden);
-  c.update("moe_hidden", a.moe_hidden);
-  c.update("n_routed_experts", a.n_routed_experts);
-  c.update("n_shared_experts", a.n_shared_experts);
-  c.update("top_k", a.top_k);
-  c.update("score_func", a.score_func);
-  c.update("n_expert_groups", a.n_expert_groups);
-  c.update("n_limited_groups", a.n_limited_groups);
-  c.update("route_norm", a.route_norm);
-  c.update("route_scale", a.route_scale);
-  c.update("load_balance_coeff", a.load_balance_coeff);
-  c.update("rope_theta", a.rope_theta);
-  c.update("rope_factor", a.rope_factor);
-  c.update("original_seq_len", a.original_seq_len);
-  c.update("beta_fast", a.beta_fast);
-  c.update("beta_slow", a.beta_slow);
-  c.update("mscale", a.mscale);
-  c.update("mscale_all_dim", a.mscale_all_dim);
-  c.update("norm_eps", a.norm_eps);
-  c.update("num_mtp_layers", a.num_mtp_layers);
-  c.update("mtp_loss_scale", a.mtp_loss_scale);
-
-  auto at_least = [&](const char* key, int64_t v, int64_t lo) {
-    if (v < lo) c.invalid(key, "must be at least " + str(lo) + ", got " + str(v));
-  };
-  at_least("vocab_size", a.vocab_size, 1);
-  at_least("dim", a.dim, 1);
-  at_least("n_layers", a.n_layers, 1);
-  at_least("n_dense_layers", a.n_dense_layers, 0);
-  at_least("n_heads", a.n_heads, 1);
-  at_least("q_lora_rank", a.q_lora_rank, 0);
-  at_least("kv_lora_rank", a.kv_lora_rank, 1);
-  at_least("qk_nope_head_dim", a.qk_nope_head_dim, 0);
-  at_least("qk_rope_head_dim", a.qk_rope_head_dim, 2);
-  at_least("v_head_dim", a.v_head_dim, 1);
-  at_least("dense_hidden", a.dense_hidden, 1);
-  at_least("moe_hidden", a.moe_hidden, 1);
-  at_least("n_routed_experts", a.n_routed_experts, 1);
-  at_least("n_shared_experts", a.n_shared_experts, 0);
-  at_least("top_k", a.top_k, 1);
-  at_least("n_expert_groups", a.n_expert_groups, 1);
-  at_least("n_limited_groups", a.n_limited_groups, 1);
-  at_least("original_seq_len", a.original_seq_len, 1);
-  at_least("num_mtp_layers", a.num_mtp_layers, 0);
+  Args a = keel::read_fields(c, flavors(), fields(), "debug");
   if (a.qk_rope_head_dim % 2 != 0)
     c.invalid("qk_rope_head_dim", "must be even (rotary pairs), got " + str(a.qk_rope_head_dim));
   if (a.n_dense_layers > a.n_layers)

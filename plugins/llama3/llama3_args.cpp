@@ -1,46 +1,44 @@
 #include "llama3_args.hpp"
 
-#include <map>
+#include <keel/fields.hpp>
+
+#include <vector>
 
 namespace llama3 {
 
 namespace {
 
-const std::map<std::string, Args>& flavors() {
-  static const std::map<std::string, Args> table = {
-      // name    dim   layers heads kv  ffn    vocab   theta     eps
-      {"tiny", {64, 2, 4, 2, 128, 256, 10000.0, 1e-5}},
-      {"debug", {256, 4, 8, 4, 768, 2048, 10000.0, 1e-5}},
-      {"8b", {4096, 32, 32, 8, 14336, 128256, 500000.0, 1e-5}},
+// Every [model] key: the member it sets and, for integers, the least value it may take.
+const std::vector<keel::Field<Args>>& fields() {
+  static const std::vector<keel::Field<Args>> table = {
+      {"dim", &Args::dim, 1},
+      {"n_layers", &Args::n_layers, 1},
+      {"n_heads", &Args::n_heads, 1},
+      {"n_kv_heads", &Args::n_kv_heads, 1},
+      {"ffn_hidden", &Args::ffn_hidden, 1},
+      {"vocab_size", &Args::vocab_size, 1},
+      {"rope_theta", &Args::rope_theta},
+      {"norm_eps", &Args::norm_eps},
   };
+  return table;
+}
+
+// The named sizes, one per line; a member a row leaves out keeps its default in Args.
+const std::vector<keel::Flavor<Args>>& flavors() {
+  // clang-format off
+  static const std::vector<keel::Flavor<Args>> table = {
+      {"tiny",  {.dim = 64,   .n_layers = 2,  .n_heads = 4,  .n_kv_heads = 2, .ffn_hidden = 128,   .vocab_size = 256,    .rope_theta = 10000.0}},
+      {"debug", {.dim = 256,  .n_layers = 4,  .n_heads = 8,  .n_kv_heads = 4, .ffn_hidden = 768,   .vocab_size = 2048,   .rope_theta = 10000.0}},
+      {"8b",    {.dim = 4096, .n_layers = 32, .n_heads = 32, .n_kv_heads = 8, .ffn_hidden = 14336, .vocab_size = 128256, .rope_theta = 500000.0}},
+  };
+  // clang-format on
   return table;
 }
 
 }  // namespace
 
 Args read_args(keel::Config& config) {
-  std::string flavor = config.string("flavor", "debug");
-  auto it = flavors().find(flavor);
-  if (it == flavors().end()) config.invalid("flavor", "unknown flavor '" + flavor + "'; known: tiny, debug, 8b");
-  Args a = it->second;
-  config.update("dim", a.dim);
-  config.update("n_layers", a.n_layers);
-  config.update("n_heads", a.n_heads);
-  config.update("n_kv_heads", a.n_kv_heads);
-  config.update("ffn_hidden", a.ffn_hidden);
-  config.update("vocab_size", a.vocab_size);
-  config.update("rope_theta", a.rope_theta);
-  config.update("norm_eps", a.norm_eps);
-
-  auto positive = [&](const char* key, int64_t v) {
-    if (v < 1) config.invalid(key, "must be at least 1, got " + std::to_string(v));
-  };
-  positive("dim", a.dim);
-  positive("n_layers", a.n_layers);
-  positive("n_heads", a.n_heads);
-  positive("n_kv_heads", a.n_kv_heads);
-  positive("ffn_hidden", a.ffn_hidden);
-  positive("vocab_size", a.vocab_size);
+  Args a = keel::read_fields(config, flavors(), fields(), "debug");
   if (a.dim % a.n_heads != 0)
     config.invalid("n_heads", "must divide dim (" + std::to_string(a.dim) + "), got " + std::to_string(a.n_heads));
   if (a.n_heads % a.n_kv_heads != 0)
