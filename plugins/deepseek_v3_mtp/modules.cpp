@@ -7,31 +7,6 @@
 
 namespace deepseek_v3 {
 
-at::Tensor& Declare::param(const std::string& fqn, std::vector<int64_t> shape, uint32_t flags, double active,
-                           int64_t shard_offset, int64_t global_dim) {
-  keel::ParamDecl decl;
-  decl.fqn = fqn;
-  decl.tensor = at::empty(shape, options).requires_grad_(true);
-  decl.flags = flags;
-  decl.active_fraction = active;
-  decl.module_group = module_group;
-  if ((flags & KEEL_PARAM_EXPERT) != 0) {
-    decl.shard_dim = 0;
-    decl.shard_offset = shard_offset;
-    decl.global_dim_size = global_dim;
-  }
-  return params.add(std::move(decl));
-}
-
-at::Tensor& Declare::buffer(const std::string& fqn, std::vector<int64_t> shape, bool persistent) {
-  keel::ParamDecl decl;
-  decl.fqn = fqn;
-  decl.tensor = at::zeros(shape, options.dtype(at::kFloat));
-  decl.flags = persistent ? KEEL_PARAM_PERSISTENT : 0;
-  decl.module_group = module_group;
-  return buffers.add(std::move(decl));
-}
-
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   if (x.scalar_type() == at::kFloat) return at::rms_norm(x, {x.size(-1)}, weight, eps);  // one fused kernel
   at::Tensor x32 = x.to(at::kFloat);
@@ -41,19 +16,20 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 
 // ------------------------------------------------------------------ attention
 
-Attention::Attention(Declare& d, const std::string& p, const Args& a) : args_(a) {
+Attention::Attention(Declare& d, const std::string& p, const Args& a, const keel::init::Rule& residual) : args_(a) {
   const int64_t qk = a.qk_head_dim();
   if (a.q_lora_rank == 0) {
-    wq_ = &d.param(p + "wq.weight", {a.n_heads * qk, a.dim});
+    wq_ = &d.param(p + "wq.weight", {a.n_heads * qk, a.dim}, kProjectionInit);
   } else {
-    wq_a_ = &d.param(p + "wq_a.weight", {a.q_lora_rank, a.dim});
-    q_norm_ = &d.param(p + "q_norm.weight", {a.q_lora_rank});
-    wq_b_ = &d.param(p + "wq_b.weight", {a.n_heads * qk, a.q_lora_rank});
+    wq_a_ = &d.param(p + "wq_a.weight", {a.q_lora_rank, a.dim}, kProjectionInit);
+    q_norm_ = &d.param(p + "q_norm.weight", {a.q_lora_rank}, kNormInit);
+    wq_b_ = &d.param(p + "wq_b.weight", {a.n_heads * qk, a.q_lora_rank}, kProjectionInit);
   }
-  wkv_a_ = &d.param(p + "wkv_a.weight", {a.kv_lora_rank + a.qk_rope_head_dim, a.dim});
-  kv_norm_ = &d.param(p + "kv_norm.weight", {a.kv_lora_rank});
-  wkv_b_ = &d.param(p + "wkv_b.weight", {a.n_heads * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank});
-  wo_ = &d.param(p + "wo.weight", {a.dim, a.n_heads * a.v_head_dim});
+  wkv_a_ = &d.param(p + "wkv_a.weight", {a.kv_lora_rank + a.qk_rope_head_dim, a.dim}, kProjectionInit);
+  kv_norm_ = &d.param(p + "kv_norm.weight", {a.kv_lora_rank}, kNormInit);
+  wkv_b_ =
+      &d.param(p + "wkv_b.weight", {a.n_heads * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank}, kProjectionInit);
+  wo_ = &d.param(p + "wo.weight", {a.dim, a.n_heads * a.v_head_dim}, residual);
 }
 
 at::Tensor Attention::forward(const at::Tensor& x, const RopeTables& rope) const {
@@ -79,10 +55,10 @@ at::Tensor Attention::forward(const at::Tensor& x, const RopeTables& rope) const
 
 // ------------------------------------------------------------------ dense MLP
 
-Mlp::Mlp(Declare& d, const std::string& p, int64_t dim, int64_t hidden) {
-  w1_ = &d.param(p + "w1.weight", {hidden, dim});
-  w2_ = &d.param(p + "w2.weight", {dim, hidden});
-  w3_ = &d.param(p + "w3.weight", {hidden, dim});
+Mlp::Mlp(Declare& d, const std::string& p, int64_t dim, int64_t hidden, const keel::init::Rule& residual) {
+  w1_ = &d.param(p + "w1.weight", {hidden, dim}, kProjectionInit);
+  w2_ = &d.param(p + "w2.weight", {dim, hidden}, residual);
+  w3_ = &d.param(p + "w3.weight", {hidden, dim}, residual);
 }
 
 at::Tensor Mlp::forward(const at::Tensor& x) const {
@@ -91,19 +67,21 @@ at::Tensor Mlp::forward(const at::Tensor& x) const {
 
 // ------------------------------------------------------------------ MoE
 
-Moe::Moe(Declare& d, const std::string& p, const Args& a, const ExpertPlacement& placement)
+Moe::Moe(Declare& d, const std::string& p, const Args& a, const ExpertPlacement& placement,
+         const keel::init::Rule& residual)
     : args_(a), prefix_(p), placement_(placement) {
   const int64_t e = a.n_routed_experts;
-  gate_ = &d.param(p + "router.gate.weight", {e, a.dim});
-  expert_bias_ = &d.buffer(p + "expert_bias", {e}, /*persistent=*/true);
-  tokens_per_expert_ = &d.buffer(p + "tokens_per_expert", {e}, /*persistent=*/false);
-  const double active = static_cast<double>(a.top_k) / static_cast<double>(e);
-  const uint32_t expert = KEEL_PARAM_EXPERT;
-  const int64_t local = placement.local, first = placement.first;
-  w1_ = &d.param(p + "experts.w1", {local, a.moe_hidden, a.dim}, expert, active, first, e);
-  w2_ = &d.param(p + "experts.w2", {local, a.dim, a.moe_hidden}, expert, active, first, e);
-  w3_ = &d.param(p + "experts.w3", {local, a.moe_hidden, a.dim}, expert, active, first, e);
-  if (a.n_shared_experts > 0) shared_.emplace(d, p + "shared_experts.", a.dim, a.moe_hidden * a.n_shared_experts);
+  gate_ = &d.param(p + "router.gate.weight", {e, a.dim}, residual);
+  expert_bias_ = &d.buffer(p + "expert_bias", {e}, keel::init::Constant{0.0}, /*persistent=*/true);
+  tokens_per_expert_ = &d.buffer(p + "tokens_per_expert", {e}, keel::init::Constant{0.0}, /*persistent=*/false);
+  // Each expert is drawn from its own generator (ParamRecord::initialise): any ep draws the same experts.
+  const auto experts = keel::ParamOptions::experts(placement.first, e, static_cast<double>(a.top_k) / e);
+  const int64_t local = placement.local;
+  w1_ = &d.param(p + "experts.w1", {local, a.moe_hidden, a.dim}, kProjectionInit, experts);
+  w2_ = &d.param(p + "experts.w2", {local, a.dim, a.moe_hidden}, residual, experts);
+  w3_ = &d.param(p + "experts.w3", {local, a.moe_hidden, a.dim}, residual, experts);
+  if (a.n_shared_experts > 0)
+    shared_.emplace(d, p + "shared_experts.", a.dim, a.moe_hidden * a.n_shared_experts, residual);
 }
 
 at::Tensor Moe::forward(const at::Tensor& x) {
@@ -199,15 +177,15 @@ at::Tensor Moe::run_experts(const at::Tensor& rows, const at::Tensor& expert) co
 
 // ------------------------------------------------------------------ block
 
-Block::Block(Declare& d, const std::string& p, const Args& a, bool moe, const ExpertPlacement& placement)
+Block::Block(Declare& d, const std::string& p, const Args& a, int64_t layer, const ExpertPlacement& placement)
     : args_(a),
-      attention_norm_(&d.param(p + "attention_norm.weight", {a.dim})),
-      ffn_norm_(&d.param(p + "ffn_norm.weight", {a.dim})),
-      attention_(d, p + "attention.", a) {
-  if (moe)
-    moe_.emplace(d, p + "moe.", a, placement);
+      attention_norm_(&d.param(p + "attention_norm.weight", {a.dim}, kNormInit)),
+      ffn_norm_(&d.param(p + "ffn_norm.weight", {a.dim}, kNormInit)),
+      attention_(d, p + "attention.", a, residual_init(layer)) {
+  if (a.is_moe(layer))
+    moe_.emplace(d, p + "moe.", a, placement, residual_init(layer));
   else
-    mlp_.emplace(d, p + "feed_forward.", a.dim, a.dense_hidden);
+    mlp_.emplace(d, p + "feed_forward.", a.dim, a.dense_hidden, residual_init(layer));
 }
 
 at::Tensor Block::forward(const at::Tensor& x, const RopeTables& rope) {
@@ -220,11 +198,11 @@ at::Tensor Block::forward(const at::Tensor& x, const RopeTables& rope) {
 
 MtpModule::MtpModule(Declare& d, const std::string& p, const Args& a, int64_t layer, const ExpertPlacement& placement)
     : args_(a),
-      enorm_(&d.param(p + "enorm.weight", {a.dim})),
-      hnorm_(&d.param(p + "hnorm.weight", {a.dim})),
-      eh_proj_(&d.param(p + "eh_proj.weight", {a.dim, 2 * a.dim})),
-      norm_(&d.param(p + "norm.weight", {a.dim})),
-      block_(d, p + "block.", a, a.is_moe(layer), placement) {}
+      enorm_(&d.param(p + "enorm.weight", {a.dim}, kNormInit)),
+      hnorm_(&d.param(p + "hnorm.weight", {a.dim}, kNormInit)),
+      eh_proj_(&d.param(p + "eh_proj.weight", {a.dim, 2 * a.dim}, kProjectionInit)),
+      norm_(&d.param(p + "norm.weight", {a.dim}, kNormInit)),
+      block_(d, p + "block.", a, layer, placement) {}
 
 at::Tensor MtpModule::forward(const at::Tensor& previous, const at::Tensor& embedded, const RopeTables& rope) {
   at::Tensor joined =

@@ -5,6 +5,7 @@
 
 #include <keel/keel.hpp>
 
+#include <cmath>
 #include <memory>
 #include <optional>
 #include <string>
@@ -15,19 +16,33 @@
 
 namespace deepseek_v3 {
 
-/// Declares parameters and buffers of one part on its device.
+/// Declares a part's parameters and buffers under one module group ("main" or "mtp", for
+/// parameter reports).
 struct Declare {
-  keel::ParamTable& params;
-  keel::ParamTable& buffers;
-  at::TensorOptions options;
-  std::string module_group = "main";  ///< "main" or "mtp", for parameter reports
+  keel::Part& part;
+  std::string module_group = "main";
 
-  /// A trainable parameter.
-  at::Tensor& param(const std::string& fqn, std::vector<int64_t> shape, uint32_t flags = 0, double active = 1.0,
-                    int64_t shard_offset = 0, int64_t global_dim = 0);
-  /// A buffer (fp32); persistent buffers are checkpointed.
-  at::Tensor& buffer(const std::string& fqn, std::vector<int64_t> shape, bool persistent);
+  /// A trainable parameter drawn by `init`.
+  at::Tensor& param(std::string fqn, std::vector<int64_t> shape, keel::init::Rule init,
+                    keel::ParamOptions options = {}) {
+    options.module_group = module_group;
+    return part.param(std::move(fqn), std::move(shape), init, options);
+  }
+  /// An fp32 buffer set by `init`; persistent buffers are checkpointed.
+  at::Tensor& buffer(std::string fqn, std::vector<int64_t> shape, keel::init::Rule init, bool persistent) {
+    return part.buffer(std::move(fqn), std::move(shape), init, persistent, module_group);
+  }
 };
+
+// torchtitan's DeepSeek-V3 init: unit norms, 0.02 for the projections into a block, and for
+// block `layer` (MTP blocks count as n_layers + k) 0.02 / sqrt(2 (layer + 1)) for the router
+// and the projections back into the residual stream (wo, w2, w3).
+inline const keel::init::Rule kNormInit = keel::init::Constant{1.0};
+inline const keel::init::Rule kProjectionInit = keel::init::TruncatedNormal{0.02};
+/// The depth-scaled rule of block `layer`.
+inline keel::init::Rule residual_init(int64_t layer) {
+  return keel::init::TruncatedNormal{0.02 / std::sqrt(2.0 * static_cast<double>(layer + 1))};
+}
 
 /// Where this rank's routed experts sit and how tokens reach the others: experts
 /// [first, first + local) of every MoE layer live here; the ep group's member i holds
@@ -46,7 +61,8 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 /// Multi-head latent attention.
 class Attention {
  public:
-  Attention(Declare& d, const std::string& prefix, const Args& args);
+  /// Projections into the block drawn by kProjectionInit, wo by `residual`.
+  Attention(Declare& d, const std::string& prefix, const Args& args, const keel::init::Rule& residual);
   at::Tensor forward(const at::Tensor& x, const RopeTables& rope) const;
 
  private:
@@ -58,7 +74,8 @@ class Attention {
 /// SwiGLU feed-forward: w2(silu(w1 x) * w3 x).
 class Mlp {
  public:
-  Mlp(Declare& d, const std::string& prefix, int64_t dim, int64_t hidden);
+  /// w1 drawn by kProjectionInit, w2 and w3 by `residual`.
+  Mlp(Declare& d, const std::string& prefix, int64_t dim, int64_t hidden, const keel::init::Rule& residual);
   at::Tensor forward(const at::Tensor& x) const;
 
  private:
@@ -70,7 +87,9 @@ class Mlp {
 /// pair travels to the rank holding its expert and back by differentiable all-to-all.
 class Moe {
  public:
-  Moe(Declare& d, const std::string& prefix, const Args& args, const ExpertPlacement& placement);
+  /// w1 drawn by kProjectionInit; the router, w2 and w3 by `residual`.
+  Moe(Declare& d, const std::string& prefix, const Args& args, const ExpertPlacement& placement,
+      const keel::init::Rule& residual);
   at::Tensor forward(const at::Tensor& x);
   /// Tokens routed to each expert since the last bias update, fp32 [n_routed_experts].
   at::Tensor& tokens_per_expert() { return *tokens_per_expert_; }
@@ -94,7 +113,8 @@ class Moe {
 /// Pre-norm transformer block: x + attn(norm(x)), then + ffn(norm(x)).
 class Block {
  public:
-  Block(Declare& d, const std::string& prefix, const Args& args, bool moe, const ExpertPlacement& placement);
+  /// Global block `layer` (MTP blocks count as n_layers + k): MoE or dense by Args::is_moe.
+  Block(Declare& d, const std::string& prefix, const Args& args, int64_t layer, const ExpertPlacement& placement);
   at::Tensor forward(const at::Tensor& x, const RopeTables& rope);
   /// The MoE of this block, or nullptr for a dense block.
   Moe* moe() { return moe_ ? &*moe_ : nullptr; }

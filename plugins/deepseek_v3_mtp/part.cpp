@@ -1,16 +1,10 @@
 #include "part.hpp"
 
-#include <keel/init.hpp>
-
 #include <cmath>
 
 namespace deepseek_v3 {
 
 namespace {
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 // Token-summed cross-entropy in fp32 over labelled positions.
 at::Tensor loss_sum(const at::Tensor& logits, const at::Tensor& labels) {
@@ -21,22 +15,26 @@ at::Tensor loss_sum(const at::Tensor& logits, const at::Tensor& labels) {
 }  // namespace
 
 Part::Part(keel_host* host, const Args& a, const keel_part_spec& spec, const ExpertPlacement& placement)
-    : keel::Part(host), args_(a), spec_(spec), options_(keel::part_options(spec)) {
+    : keel::Part(host, keel::part_options(spec)), args_(a), spec_(spec) {
   const bool first = spec.stage_index == 0, last = spec.stage_index == spec.num_stages - 1;
-  Declare main{parameters(), buffers(), options_, "main"};
+  Declare main{*this, "main"};
   const bool needs_embedding = first || (last && a.num_mtp_layers > 0);
   if (needs_embedding) {
     embedding_replica_ = !first;
-    // A token reads one row of the table: 1 / vocab of it is "activated".
-    embedding_ = &main.param("tok_embeddings.weight", {a.vocab_size, a.dim},
-                             embedding_replica_ ? KEEL_PARAM_REPLICA : 0, 1.0 / static_cast<double>(a.vocab_size));
+    // A token reads one row of the table: 1 / vocab of it is "activated". The replica draws
+    // the owner's bits (same FQN, same generator).
+    embedding_ = &main.param("tok_embeddings.weight", {a.vocab_size, a.dim}, keel::init::Normal{1.0},
+                             {.flags = embedding_replica_ ? uint32_t{KEEL_PARAM_REPLICA} : 0u,
+                              .active_fraction = 1.0 / static_cast<double>(a.vocab_size)});
   }
   for (int64_t i = spec.first_layer; i < spec.first_layer + spec.num_layers; ++i)
-    blocks_.push_back(std::make_unique<Block>(main, "layers." + std::to_string(i) + ".", a, a.is_moe(i), placement));
+    blocks_.push_back(std::make_unique<Block>(main, "layers." + std::to_string(i) + ".", a, i, placement));
   if (last) {
-    norm_ = &main.param("norm.weight", {a.dim});
-    output_ = &main.param("output.weight", {a.vocab_size, a.dim});
-    Declare mtp{parameters(), buffers(), options_, "mtp"};
+    // torchtitan's head: a dim^-1/2 truncated normal.
+    norm_ = &main.param("norm.weight", {a.dim}, kNormInit);
+    output_ = &main.param("output.weight", {a.vocab_size, a.dim},
+                          keel::init::TruncatedNormal{1.0 / std::sqrt(static_cast<double>(a.dim))});
+    Declare mtp{*this, "mtp"};
     for (int64_t k = 0; k < a.num_mtp_layers; ++k)
       mtp_.push_back(std::make_unique<MtpModule>(mtp, "mtp." + std::to_string(k) + ".", a, a.n_layers + k, placement));
   }
@@ -51,38 +49,9 @@ std::vector<Moe*> Part::moes() {
   return out;
 }
 
-void Part::init_weights(uint64_t seed) {
-  // torchtitan's DeepSeek-V3 scheme: unit norms, N(0, 1) embedding, a dim^-1/2 head, 0.02 for
-  // input projections and a depth-scaled std for the projections back into the residual.
-  const double depth_std = 0.02 / std::sqrt(2.0 * static_cast<double>(args_.n_layers + args_.num_mtp_layers));
-  for (const auto& decl : parameters().decls()) {
-    const std::string& fqn = decl->fqn;
-    at::Tensor& t = decl->tensor;
-    const bool projection_out =
-        ends_with(fqn, "wo.weight") || ends_with(fqn, "w2.weight") || ends_with(fqn, "experts.w2");
-    const double std = projection_out ? depth_std : 0.02;
-    if (ends_with(fqn, "norm.weight")) {
-      keel::init::constant_(t, 1.0);
-    } else if (fqn == "tok_embeddings.weight") {
-      keel::init::normal_(t, seed, fqn, 1.0);  // the replica draws the owner's bits too
-    } else if (fqn == "output.weight") {
-      keel::init::truncated_normal_(t, seed, fqn, 1.0 / std::sqrt(static_cast<double>(args_.dim)));
-    } else if (decl->shard_dim == 0) {
-      // Each expert from its own generator: a sharded run draws the same experts.
-      for (int64_t e = 0; e < t.size(0); ++e) {
-        at::Tensor slice = t.select(0, e);
-        keel::init::truncated_normal_(slice, seed, fqn, std, 3.0, decl->shard_offset + e);
-      }
-    } else {
-      keel::init::truncated_normal_(t, seed, fqn, std);
-    }
-  }
-  for (const auto& decl : buffers().decls()) keel::init::constant_(decl->tensor, 0.0);
-}
-
 const RopeTables& Part::rope(int64_t seq) {
   if (seq != rope_seq_) {
-    rope_ = rope_tables(args_, seq, options_.dtype(at::kFloat));
+    rope_ = rope_tables(args_, seq, options().dtype(at::kFloat));
     rope_seq_ = seq;
   }
   return rope_;

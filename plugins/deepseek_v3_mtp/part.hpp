@@ -19,7 +19,6 @@ class Part final : public keel::Part {
   /// Builds the part of `spec` holding the routed experts of `placement`.
   Part(keel_host* host, const Args& args, const keel_part_spec& spec, const ExpertPlacement& placement);
 
-  void init_weights(uint64_t seed) override;
   void forward(const keel_forward_inputs& inputs, keel_forward_outputs& outputs) override;
 
   /// Everything one microbatch computes (the logits and per-depth losses are for tests).
@@ -48,7 +47,6 @@ class Part final : public keel::Part {
 
   const Args& args_;
   keel_part_spec spec_;
-  at::TensorOptions options_;
   at::Tensor* embedding_ = nullptr;
   bool embedding_replica_ = false;
   at::Tensor *norm_ = nullptr, *output_ = nullptr;

@@ -2,6 +2,9 @@
 // model-table validation, the expert-bias update, and the dry-run figures of 671b and 16b.
 #include <gtest/gtest.h>
 
+#include <keel/init.hpp>
+
+#include <cmath>
 #include <map>
 
 #include "common/error.hpp"
@@ -112,6 +115,38 @@ TEST_F(DeepSeekModel, InitIsTheSameOnEitherStageAndOnASingleStage) {
       EXPECT_TRUE(at::equal(*p.tensor, reference.at(p.fqn))) << p.fqn;
     }
   }
+}
+
+TEST_F(DeepSeekModel, InitIsTorchtitansDepthScaledPerBlock) {
+  // torchtitan's DeepSeek-V3: 0.02 into a block; the router, wo, w2 and w3 of block `layer`
+  // (MTP depth k is block n_layers + k) at 0.02 / sqrt(2 (layer + 1)).
+  auto model = make("flavor = \"tiny\"\n");
+  ModelPart& part = model->build_part(spec(0, 1, 0, 3));
+  part.init_weights(7);
+  std::map<std::string, at::Tensor> weights;
+  for (const ParamRef& p : part.parameters()) weights[p.fqn] = *p.tensor;
+  auto expect_drawn = [&](const std::string& fqn, int64_t layer_or_input, int64_t expert = -1) {
+    const double std = layer_or_input < 0 ? 0.02 : 0.02 / std::sqrt(2.0 * static_cast<double>(layer_or_input + 1));
+    at::Tensor actual = expert < 0 ? weights.at(fqn) : weights.at(fqn)[expert];
+    at::Tensor expected = at::empty(actual.sizes());
+    init::truncated_normal_(expected, 7, fqn, std, 3.0, expert);
+    EXPECT_TRUE(at::equal(actual, expected)) << fqn << " expert " << expert << ", std " << std;
+  };
+  const int64_t input = -1;
+  expect_drawn("layers.0.attention.wq_a.weight", input);
+  expect_drawn("layers.0.attention.wkv_b.weight", input);
+  expect_drawn("layers.0.attention.wo.weight", 0);
+  expect_drawn("layers.0.feed_forward.w1.weight", input);
+  expect_drawn("layers.0.feed_forward.w2.weight", 0);
+  expect_drawn("layers.0.feed_forward.w3.weight", 0);
+  expect_drawn("layers.2.moe.router.gate.weight", 2);
+  expect_drawn("layers.2.moe.experts.w1", input, 5);
+  expect_drawn("layers.2.moe.experts.w2", 2, 5);
+  expect_drawn("layers.2.moe.experts.w3", 2, 5);
+  expect_drawn("layers.2.moe.shared_experts.w3.weight", 2);
+  expect_drawn("mtp.0.eh_proj.weight", input);
+  expect_drawn("mtp.0.block.moe.experts.w3", 3, 0);
+  EXPECT_TRUE(at::equal(weights.at("layers.1.ffn_norm.weight"), at::ones({64})));
 }
 
 TEST_F(DeepSeekModel, ImpossibleShapesAreConfigErrorsNamingTheKey) {
