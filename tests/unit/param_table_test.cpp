@@ -111,4 +111,14 @@ TEST(ParamTable, ARecordWithoutARuleIsAnErrorNamingIt) {
   }
 }
 
+TEST(ParamTable, ACParameterEntryMustHoldEveryFieldOfSdk10) {
+  Declaring part;
+  part.param("w", {2}, keel::init::Constant{0.0});
+  EXPECT_EQ(&keel::param(part.parameters().view().first[0]), part.parameters().records()[0]->info());
+  keel_param_info short_entry = *part.parameters().view().first[0];
+  short_entry.struct_size = KEEL_PARAM_INFO_SIZE_1_0 - 1;  // module_group cut off
+  EXPECT_THROW(keel::param(&short_entry), keel::Error);
+  EXPECT_THROW(keel::param(nullptr), keel::Error);
+}
+
 }  // namespace

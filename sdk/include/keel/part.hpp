@@ -136,9 +136,9 @@ class ParamTable {
   std::vector<const keel_param_info*> pointers_;
 };
 
-/// Reads one C parameter entry, checking its struct_size once.
+/// Reads one C parameter entry, checking that it holds every field of SDK 1.0.
 inline const keel_param_info& param(const keel_param_info* info) {
-  if (info == nullptr || info->struct_size < offsetof(keel_param_info, active_fraction))
+  if (info == nullptr || info->struct_size < KEEL_PARAM_INFO_SIZE_1_0)
     throw Error(KEEL_ERROR_INVALID_ARGUMENT, "keel_param_info is NULL or older than SDK 1.0");
   return *info;
 }
