@@ -17,6 +17,7 @@
 #include "data/token_file.hpp"
 #include "device/device.hpp"
 #include "train/replica_guard.hpp"
+#include "train/step_log.hpp"
 #include "train/stop_signal.hpp"
 
 namespace keel {
@@ -47,96 +48,91 @@ bool decays(const std::string& fqn, const std::vector<std::string>& no_decay) {
   return true;
 }
 
+/// Keeps a logged step's loss and metrics in the summary (the run's first, and the last so far).
+void remember(RunSummary& summary, const StepRecord& record, bool first) {
+  if (first) {
+    summary.first_loss = record.loss;
+    summary.first_metrics = record.plugin_metrics;
+  }
+  summary.final_loss = record.loss;
+  summary.final_metrics = record.plugin_metrics;
+}
+
 }  // namespace
 
 Trainer::Trainer(Job& job) : job_(job) {
-  const JobConfig& c = job.config();
-  for (ModelPart* part : job.parts()) {
+  init_parameters();
+  state_ = std::make_unique<TrainState>(job, params_);  // checkpoint.dir opened, the checkpoint to load chosen
+  state_->load_model();
+  post_init();
+  build_optimizer();
+  build_step_program();
+  open_data();
+  start_step_ = state_->start(*optimizer_, *stream_, *schedule_);
+  lr_.fill_(schedule_->at(start_step_ + 1));  // a resumed run continues its schedule
+}
+
+void Trainer::init_parameters() {
+  const JobConfig& c = job_.config();
+  for (ModelPart* part : job_.parts()) {
     part->init_weights(c.training.seed);
-    for (const ParamRef& p : part->parameters()) {
-      params_.push_back(p);
-      param_infos_.push_back(p.info());
-    }
+    for (const ParamRef& p : part->parameters()) params_.push_back(p);
   }
   if (c.debug.perturb_replicas == "before_post_init")
     log_warn(cat("debug.perturb_replicas: perturbed ", perturb_replicas(params_), " replica(s) before post_init"));
-  open_checkpoint_dir();
-  const auto load_start = std::chrono::steady_clock::now();
-  if (loaded_) {
-    // The ranks share the verification: together they check every shard's bytes once, and
-    // all refuse a damaged checkpoint, whichever rank found the damage.
-    const MeshLayout& mesh = job.mesh().layout();
-    for (const std::string& problem :
-         all_gather_bytes(job.mesh().group(KEEL_GROUP_WORLD), loaded_->verify_share(mesh.rank, mesh.world())))
-      if (!problem.empty()) throw InputError(problem);
-    load_model_state(*loaded_);
-  }
-  job.model().post_init();
-  if (c.debug.perturb_replicas == "after_post_init")
+}
+
+void Trainer::post_init() {
+  job_.model().post_init();
+  if (job_.config().debug.perturb_replicas == "after_post_init")
     log_warn(cat("debug.perturb_replicas: perturbed ", perturb_replicas(params_), " replica(s) after post_init"));
   for (ParamRef& p : params_)
     if (!p.tensor->requires_grad()) throw std::runtime_error(cat("parameter ", p.fqn, " does not require grad"));
-  for (ModelPart* part : job.parts())
+  for (ModelPart* part : job_.parts())
     for (const ParamRef& b : part->buffers())
       if (b.persistent()) persistent_buffers_.push_back(b);
-  grads_ = std::make_unique<GradientBuckets>(params_, job.mesh(), c.parallelism.grad_bucket_mb << 20);
-  if (grads_->collectives_per_step() > 0 && job.mesh().layout().dp_index == 0)
+}
+
+void Trainer::build_optimizer() {
+  const JobConfig& c = job_.config();
+  grads_ = std::make_unique<GradientBuckets>(params_, job_.mesh(), c.parallelism.grad_bucket_mb << 20);
+  if (grads_->collectives_per_step() > 0 && job_.mesh().layout().dp_index == 0)
     log_info(cat("gradient reduction: ", grads_->collectives_per_step(), " all-reduce(s) per step over dp/edp (",
                  c.parallelism.grad_bucket_mb, " MiB buckets)"));
   std::vector<OptimParam> optim_params;
   for (ParamRef& p : params_) optim_params.push_back({p.fqn, *p.tensor, decays(p.fqn, c.optimizer.no_decay)});
-  job.clipper().bind_model_parts(param_infos_);
   optimizer_ = std::make_unique<AdamW>(
       std::move(optim_params),
       AdamWOptions{c.optimizer.beta1, c.optimizer.beta2, c.optimizer.eps, c.optimizer.weight_decay});
   schedule_ = std::make_unique<LrSchedule>(c.optimizer.lr, c.lr_scheduler.warmup_steps, c.training.steps,
                                            c.lr_scheduler.decay, c.lr_scheduler.min_lr_ratio);
-  lr_ = at::full({}, schedule_->at(1), at::TensorOptions().dtype(at::kFloat).device(job.device()));
+  lr_ = at::full({}, schedule_->at(1), at::TensorOptions().dtype(at::kFloat).device(job_.device()));
+}
+
+void Trainer::build_step_program() {
+  // The clipper is bound to the records the step program hands it every step: one list, in
+  // the optimizer's order.
+  const JobConfig& c = job_.config();
+  for (const ParamRef& p : params_) param_infos_.push_back(p.info());
+  job_.clipper().bind_model_parts(param_infos_);
   CaptureDecision capture =
-      decide_capture(c.optimizer.graph_capture, job.device().is_cuda(), step_hooks(job.model(), job.clipper()));
-  if (job.mesh().layout().rank == 0 && (job.device().is_cuda() || c.optimizer.graph_capture != "auto"))
+      decide_capture(c.optimizer.graph_capture, job_.device().is_cuda(), step_hooks(job_.model(), job_.clipper()));
+  if (job_.mesh().layout().rank == 0 && (job_.device().is_cuda() || c.optimizer.graph_capture != "auto"))
     log_info(cat("step program: ", capture.capture ? "CUDA graph" : "eager", " (", capture.reason, ")"));
-  program_ = std::make_unique<StepProgram>(job.model(), job.clipper(), *optimizer_, param_infos_, lr_,
-                                           job.mesh().group(KEEL_GROUP_WORLD), capture, c.optimizer.graph_warmup,
+  program_ = std::make_unique<StepProgram>(job_.model(), job_.clipper(), *optimizer_, param_infos_, lr_,
+                                           job_.mesh().group(KEEL_GROUP_WORLD), capture, c.optimizer.graph_warmup,
                                            c.optimizer.graph_validate);
-  source_ = open_source(job);
-  const MeshLayout& mesh = job.mesh().layout();
+}
+
+void Trainer::open_data() {
+  const JobConfig& c = job_.config();
+  const MeshLayout& mesh = job_.mesh().layout();
+  source_ = open_source(job_);
   stream_ =
       std::make_unique<BatchStream>(*source_, c.training.seq_len, c.training.global_batch, mesh.dp, mesh.dp_index);
   runner_ = std::make_unique<PipelineRunner>(
-      *job.parts().front(), job.mesh().group(KEEL_GROUP_PP), c.parallelism.schedule, c.parallelism.microbatches,
-      job.model().info().hidden_size, c.training.dtype == "bf16" ? at::kBFloat16 : at::kFloat, job.device());
-  if (loaded_) {
-    if (!c.checkpoint.load_model_only) load_training_state(*loaded_);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
-    if (job.mesh().layout().rank == 0)
-      log_info(format("loaded %s in %.3f s: %.1f MB read and %.1f MB verified by this rank (%.0f MB/s)",
-                      loaded_->dir().c_str(), seconds, static_cast<double>(loaded_->bytes_read()) / 1e6,
-                      static_cast<double>(loaded_->bytes_verified()) / 1e6,
-                      static_cast<double>(loaded_->bytes_read()) / 1e6 / std::max(seconds, 1e-9)));
-    loaded_.reset();  // unmaps the files
-  }
-  if (c.checkpoint.interval > 0) {
-    // Checkpoint I/O gets a group of its own (every rank): a background save's collectives
-    // never interleave with the training's.
-    std::vector<int> everyone;
-    for (int r = 0; r < job.mesh().layout().world(); ++r) everyone.push_back(r);
-    Group* io_group = job.mesh().new_group(everyone);
-    checkpoints_ = std::make_unique<CheckpointWriter>(
-        CheckpointWriterOptions{c.checkpoint.dir, c.checkpoint.keep_latest, c.checkpoint.async, run_id_, loaded_dir_},
-        *io_group);
-    // Fault injection: a rank's own file is the last rank's business, the commit rank 0's.
-    const MeshLayout& layout = job.mesh().layout();
-    const SavePhase phase = save_phase(c.debug.crash_in_checkpoint_phase);
-    if (c.debug.crash_in_checkpoint > 0 && layout.rank == (phase == SavePhase::written ? layout.world() - 1 : 0))
-      checkpoints_->crash_at(c.debug.crash_in_checkpoint, phase);
-    const int64_t failing =
-        c.debug.fail_checkpoint_write_rank < 0 ? layout.world() - 1 : c.debug.fail_checkpoint_write_rank;
-    if (c.debug.fail_checkpoint_write > 0 && layout.rank == failing)
-      checkpoints_->fail_write_at(c.debug.fail_checkpoint_write);
-    if (c.debug.fail_checkpoint_commit > 0 && layout.rank == 0)
-      checkpoints_->fail_commit_at(c.debug.fail_checkpoint_commit);
-  }
+      *job_.parts().front(), job_.mesh().group(KEEL_GROUP_PP), c.parallelism.schedule, c.parallelism.microbatches,
+      job_.model().info().hidden_size, c.training.dtype == "bf16" ? at::kBFloat16 : at::kFloat, job_.device());
 }
 
 Trainer::~Trainer() = default;
@@ -231,116 +227,78 @@ Trainer::Stop Trainer::agreed_stop() {
   // A signal reaches one rank (or all, at different steps), a background save's failure is
   // known first to whichever rank's thread finishes first: all stop after the same step.
   Group& world = job_.mesh().group(KEEL_GROUP_WORLD);
-  const bool failed = checkpoints_ && checkpoints_->background_failed();
+  const bool failed = state_->background_failed();
   if (world.size() == 1) return {stop_requested(), failed};
   at::Tensor flags = at::tensor({static_cast<double>(stop_requested()), failed ? 1.0 : 0.0}, at::kDouble);
   world.all_reduce(flags, KEEL_REDUCE_MAX);
   return {static_cast<int>(flags[0].item<double>()), flags[1].item<double>() != 0.0};
 }
 
-bool Trainer::writes(const ParamRef& p) const {
-  // One copy of each logical tensor is written: the owner's (not a REPLICA), from the first
-  // data-parallel replica of dense tensors and the first edp replica of an expert shard.
-  const MeshLayout& m = job_.mesh().layout();
-  return !p.replica() && (p.expert() ? m.edp_index == 0 : m.dp_index == 0);
-}
-
-void Trainer::save_weights(const std::string& path, int64_t step, bool with_optimizer) const {
-  // The checkpoint's pieces under the file's names: "model.<fqn>" as the bare FQN, AdamW's
-  // state kept when asked for; clipper and random state are a checkpoint's business only.
-  std::vector<TensorPiece> pieces;
-  for (TensorPiece& piece : checkpoint_pieces()) {
-    if (piece.key.rfind("model.", 0) == 0)
-      piece.key.erase(0, 6);
-    else if (!with_optimizer || piece.key.rfind("optim.", 0) != 0)
-      continue;
-    pieces.push_back(std::move(piece));
-  }
-  std::vector<std::pair<std::string, at::Tensor>> whole = consolidate(pieces, job_.mesh().group(KEEL_GROUP_WORLD));
-  if (job_.mesh().layout().rank != 0) return;
-  fs::create_directories(fs::path(path).parent_path());
-  write_safetensors(
-      path, whole, {{"format", "keel-weights"}, {"step", std::to_string(step)}, {"model", job_.config().model.plugin}});
-}
-
 RunSummary Trainer::run() {
-  const JobConfig& c = job_.config();
+  const int64_t last = job_.config().training.steps, checkpoint_interval = job_.config().checkpoint.interval;
   RunSummary summary;
   summary.loss_floor = source_->loss_floor();
-  log_info(source_->describe());
-  fs::path run_dir = c.job.run_dir;
-  // One rank writes what every rank knows: the loss and metrics are gathered from every rank.
-  const bool writer = job_.mesh().layout().rank == 0;
-  MetricsLog log(c.metrics.jsonl && writer ? (run_dir / "metrics.jsonl").string() : std::string(), start_step_);
-  install_stop_handlers();
-
-  using clock = std::chrono::steady_clock;
-  auto interval_start = clock::now();
-  int64_t interval_steps = 0;
-  double tokens_per_step = static_cast<double>(c.training.global_batch * c.training.seq_len);
-  int64_t saved_at = -1;  // the step this run last saved
   summary.steps_done = start_step_;
-  auto checkpoint = [&](int64_t s) {
-    if (checkpoints_ && saved_at != s) {
-      save_checkpoint(s);
-      saved_at = s;
-    }
-  };
-  for (int64_t s = start_step_ + 1; s <= c.training.steps; ++s) {
-    bool log_now = s % c.metrics.log_interval == 0 || s == start_step_ + 1 || s == c.training.steps;
-    double lr = schedule_->at(s);
-    double loss = step(s, log_now);
-    ++interval_steps;
+  log_info(source_->describe());
+  StepLog log(job_, start_step_);
+  install_stop_handlers();
+  for (int64_t s = start_step_ + 1; s <= last; ++s) {
+    const bool logged = log.logs(s);
+    const double lr = schedule_->at(s);
+    const double loss = step(s, /*read_loss=*/logged);
+    log.count_step();
     summary.steps_done = s;
-    if (log_now) {
-      synchronize(job_.device());
-      double seconds = std::chrono::duration<double>(clock::now() - interval_start).count();
-      StepRecord r;
-      r.step = s;
-      r.total_steps = c.training.steps;
-      r.loss = loss;
-      r.grad_norm = last_norm_.item<double>();
-      r.lr = lr;
-      r.tokens_per_second = seconds > 0 ? tokens_per_step * static_cast<double>(interval_steps) / seconds : 0;
-      r.eta_seconds = seconds / static_cast<double>(interval_steps) * static_cast<double>(c.training.steps - s);
-      r.peak_memory_bytes = peak_memory_bytes(job_.device());
-      r.skipped = last_found_inf_.item<float>() != 0.0f;
-      r.plugin_metrics = job_.step_metrics().resolve_across(job_.mesh().group(KEEL_GROUP_WORLD));
-      if (writer) log.write(r);
-      if (s == start_step_ + 1) {
-        summary.first_loss = loss;
-        summary.first_metrics = r.plugin_metrics;
-      }
-      summary.final_loss = loss;
-      summary.final_metrics = r.plugin_metrics;
-      interval_start = clock::now();
-      interval_steps = 0;
-    }
-    if (c.checkpoint.interval > 0 && s % c.checkpoint.interval == 0) checkpoint(s);
-    const Stop stop = agreed_stop();
-    if (stop.save_failed) settle(checkpoints_->take_outcome(), s);
-    if (!save_failure_.empty()) {
-      if (!log_now) summary.final_loss = last_loss_.item<double>();
-      break;
-    }
-    if (int signal = stop.signal) {
-      summary.stop_signal = signal;
-      if (!log_now) summary.final_loss = last_loss_.item<double>();
-      log_info(cat("stopping after step ", s, " (", signal == SIGINT ? "SIGINT" : "SIGTERM", ")"));
+    if (logged) remember(summary, log.write(s, loss, lr, last_norm_, last_found_inf_), s == start_step_ + 1);
+    if (checkpoint_interval > 0 && s % checkpoint_interval == 0) checkpoint(s);
+    if (stops_after(s, summary)) {
+      if (!logged) summary.final_loss = last_loss_.item<double>();
       break;
     }
   }
+  finish_checkpoints(summary);
+  report_replica_checks(summary);
+  save_final_weights(summary);
+  throw_if_save_failed(summary);
+  return summary;
+}
+
+bool Trainer::stops_after(int64_t step, RunSummary& summary) {
+  const Stop stop = agreed_stop();
+  if (stop.save_failed) state_->settle(step);
+  if (!state_->save_failure().empty()) return true;
+  if (stop.signal == 0) return false;
+  summary.stop_signal = stop.signal;
+  log_info(cat("stopping after step ", step, " (", stop.signal == SIGINT ? "SIGINT" : "SIGTERM", ")"));
+  return true;
+}
+
+void Trainer::checkpoint(int64_t step) {
+  if (state_->saves() && saved_step_ != step) {
+    state_->save(step);
+    saved_step_ = step;
+  }
+}
+
+void Trainer::finish_checkpoints(RunSummary& summary) {
   // The end, a stop signal included: the last state is saved (a run of no steps after a load
   // saves the loaded state in this run's layout: a resharded copy).
-  if (save_failure_.empty()) checkpoint(summary.steps_done);
-  if (checkpoints_) {
-    settle(checkpoints_->take_outcome(), summary.steps_done);
-    summary.checkpoint_path = saved_path_;
-    summary.run_id = run_id_;
-  }
+  if (state_->save_failure().empty()) checkpoint(summary.steps_done);
+  if (!state_->saves()) return;
+  state_->settle(summary.steps_done);
+  summary.checkpoint_path = state_->saved_path();
+  summary.run_id = state_->run_id();
+}
+
+void Trainer::report_replica_checks(RunSummary& summary) const {
   summary.replica_checks = replica_checks_;
-  if (replica_checks_ > 0 && writer)
+  if (replica_checks_ > 0 && job_.mesh().layout().rank == 0)
     log_info(cat("replica guard: ", replica_checks_, " check(s), every copy of every parameter bitwise equal"));
+}
+
+void Trainer::save_final_weights(RunSummary& summary) const {
+  const JobConfig& c = job_.config();
+  const bool writer = job_.mesh().layout().rank == 0;
+  const fs::path run_dir = c.job.run_dir;
   if (c.checkpoint.save_final) {
     summary.weights_path = (run_dir / "final" / "model.safetensors").string();
     save_weights(summary.weights_path, summary.steps_done);
@@ -351,13 +309,14 @@ RunSummary Trainer::run() {
     save_weights(path, summary.steps_done, /*with_optimizer=*/true);
     if (writer) log_info(cat("final state (parameters, buffers, optimizer): ", path));
   }
-  if (!save_failure_.empty()) {
-    // The weights are safe in run_dir; the job still fails, so nobody mistakes it for a
-    // run whose checkpoints are all there.
-    summary.save_failure = save_failure_;
-    throw std::runtime_error(cat("stopped after step ", summary.steps_done, ": ", save_failure_));
-  }
-  return summary;
+}
+
+void Trainer::throw_if_save_failed(RunSummary& summary) const {
+  if (state_->save_failure().empty()) return;
+  // The weights are safe in run_dir; the job still fails, so nobody mistakes it for a run
+  // whose checkpoints are all there.
+  summary.save_failure = state_->save_failure();
+  throw std::runtime_error(cat("stopped after step ", summary.steps_done, ": ", summary.save_failure));
 }
 
 }  // namespace keel

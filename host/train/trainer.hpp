@@ -3,6 +3,8 @@
 //   -> the step program (model.pre_clip -> clipper.clip -> non-finite check -> AdamW; a CUDA
 //   graph on CUDA) -> model.post_step
 //   -> LR update -> replica guard -> metrics -> (final) weights.
+// Beside it: TrainState (what checkpoints hold, loading and saving it) and StepLog (the logged
+// steps).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -13,8 +15,6 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/checkpoint_reader.hpp"
-#include "checkpoint/checkpoint_writer.hpp"
 #include "data/batch_stream.hpp"
 #include "data/token_source.hpp"
 #include "grad_sync/grad_buckets.hpp"
@@ -24,6 +24,7 @@
 #include "optim/step_program.hpp"
 #include "pipeline/pipeline_runner.hpp"
 #include "train/job.hpp"
+#include "train/train_state.hpp"
 
 namespace keel {
 
@@ -58,7 +59,7 @@ class Trainer {
   double step(int64_t step, bool read_loss);
   /// Saves a checkpoint of the state after `step` (asynchronously with checkpoint.async).
   /// [collective: world]
-  void save_checkpoint(int64_t step);
+  void save_checkpoint(int64_t step) { state_->save(step); }
   /// The total gradient norm of the last step (reads the device).
   double last_grad_norm() const { return last_norm_.item<double>(); }
   /// The optimizer (for tests and checkpoints).
@@ -73,7 +74,9 @@ class Trainer {
   /// Writes the logical parameters and persistent buffers (under their FQNs), consolidated on
   /// rank 0, to `path` as safetensors; with `with_optimizer` also AdamW's moments and step
   /// counts ("optim.exp_avg.<fqn>", ...). [collective: world]
-  void save_weights(const std::string& path, int64_t step, bool with_optimizer = false) const;
+  void save_weights(const std::string& path, int64_t step, bool with_optimizer = false) const {
+    state_->save_weights(path, step, with_optimizer);
+  }
 
  private:
   /// What stops the run after a step, agreed by every rank.
@@ -81,16 +84,23 @@ class Trainer {
     int signal = 0;            ///< SIGINT/SIGTERM reached some rank
     bool save_failed = false;  ///< some rank's background save finished with a failure
   };
-  Stop agreed_stop();
-  void open_checkpoint_dir();
-  void settle(const std::optional<SaveOutcome>& outcome, int64_t step);
+  // Setup, in order.
+  void init_parameters();
+  void post_init();
+  void build_optimizer();
+  void build_step_program();
+  void open_data();
+  // The step.
   void report_pipeline_bubble();
   void poison_gradient(int64_t step);
-  std::vector<TensorPiece> checkpoint_pieces() const;
-  void load_model_state(CheckpointReader& reader);
-  void load_training_state(CheckpointReader& reader);
-  void report_save(const SaveOutcome& outcome);
-  bool writes(const ParamRef& p) const;
+  // The loop and the end of the run.
+  Stop agreed_stop();
+  bool stops_after(int64_t step, RunSummary& summary);
+  void checkpoint(int64_t step);
+  void finish_checkpoints(RunSummary& summary);
+  void report_replica_checks(RunSummary& summary) const;
+  void save_final_weights(RunSummary& summary) const;
+  void throw_if_save_failed(RunSummary& summary) const;
 
   Job& job_;
   std::vector<ParamRef> params_;
@@ -109,15 +119,9 @@ class Trainer {
   bool time_program_ = false;
   double program_seconds_ = 0;
   int64_t start_step_ = 0;
-  std::unique_ptr<CheckpointWriter> checkpoints_;
-  std::unique_ptr<CheckpointReader> loaded_;
-  std::string run_id_;        ///< this run's id: fresh, or the resumed checkpoint's
-  std::string loaded_dir_;    ///< the checkpoint loaded at start, or ""
-  std::string saved_path_;    ///< the last complete checkpoint of this run
-  std::string save_failure_;  ///< a failed save that stops the run
-  /// Another clipper's state found in the loaded checkpoint: carried into every checkpoint
-  /// this run saves (rank 0), so swapping clippers back and forth loses nothing.
-  std::vector<std::pair<std::string, at::Tensor>> foreign_clipper_state_;
+  int64_t saved_step_ = -1;  ///< the step this run last saved a checkpoint of
+  /// Declared last, destroyed first: a background save finishes before what it saves goes.
+  std::unique_ptr<TrainState> state_;
 };
 
 }  // namespace keel

@@ -1,0 +1,55 @@
+#include "train/step_log.hpp"
+
+#include <filesystem>
+
+#include "device/device.hpp"
+
+namespace keel {
+
+namespace {
+
+std::string jsonl_path(const Job& job) {
+  const bool writer = job.mesh().layout().rank == 0;
+  return job.config().metrics.jsonl && writer
+             ? (std::filesystem::path(job.config().job.run_dir) / "metrics.jsonl").string()
+             : std::string();
+}
+
+}  // namespace
+
+StepLog::StepLog(Job& job, int64_t start_step)
+    : job_(job),
+      start_step_(start_step),
+      writer_(job.mesh().layout().rank == 0),
+      log_(jsonl_path(job), start_step),
+      interval_start_(clock::now()) {}
+
+bool StepLog::logs(int64_t step) const {
+  const JobConfig& c = job_.config();
+  return step % c.metrics.log_interval == 0 || step == start_step_ + 1 || step == c.training.steps;
+}
+
+StepRecord StepLog::write(int64_t step, double loss, double lr, const at::Tensor& grad_norm,
+                          const at::Tensor& found_inf) {
+  const JobConfig& c = job_.config();
+  synchronize(job_.device());
+  const double seconds = std::chrono::duration<double>(clock::now() - interval_start_).count();
+  const double tokens_per_step = static_cast<double>(c.training.global_batch * c.training.seq_len);
+  StepRecord r;
+  r.step = step;
+  r.total_steps = c.training.steps;
+  r.loss = loss;
+  r.grad_norm = grad_norm.item<double>();
+  r.lr = lr;
+  r.tokens_per_second = seconds > 0 ? tokens_per_step * static_cast<double>(interval_steps_) / seconds : 0;
+  r.eta_seconds = seconds / static_cast<double>(interval_steps_) * static_cast<double>(c.training.steps - step);
+  r.peak_memory_bytes = peak_memory_bytes(job_.device());
+  r.skipped = found_inf.item<float>() != 0.0f;
+  r.plugin_metrics = job_.step_metrics().resolve_across(job_.mesh().group(KEEL_GROUP_WORLD));
+  if (writer_) log_.write(r);
+  interval_start_ = clock::now();
+  interval_steps_ = 0;
+  return r;
+}
+
+}  // namespace keel
