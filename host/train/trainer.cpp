@@ -1,15 +1,11 @@
+// Trainer setup (the constructor, in the order of DESIGN's call sequence) and one step.
 #include "train/trainer.hpp"
 
 #include <c10/core/GradMode.h>
 
 #include <chrono>
-#include <csignal>
-#include <filesystem>
-#include <fstream>
 #include <limits>
 
-#include "checkpoint/consolidate.hpp"
-#include "checkpoint/safetensors.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "common/text.hpp"
@@ -17,12 +13,8 @@
 #include "data/token_file.hpp"
 #include "device/device.hpp"
 #include "train/replica_guard.hpp"
-#include "train/step_log.hpp"
-#include "train/stop_signal.hpp"
 
 namespace keel {
-
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -46,16 +38,6 @@ bool decays(const std::string& fqn, const std::vector<std::string>& no_decay) {
   for (const std::string& pattern : no_decay)
     if (glob_match(pattern, fqn)) return false;
   return true;
-}
-
-/// Keeps a logged step's loss and metrics in the summary (the run's first, and the last so far).
-void remember(RunSummary& summary, const StepRecord& record, bool first) {
-  if (first) {
-    summary.first_loss = record.loss;
-    summary.first_metrics = record.plugin_metrics;
-  }
-  summary.final_loss = record.loss;
-  summary.final_metrics = record.plugin_metrics;
 }
 
 }  // namespace
@@ -221,102 +203,6 @@ void Trainer::report_pipeline_bubble() {
   const double busy = all.select(1, 0).sum().item<double>();
   const double bubble = makespan > 0 ? 1.0 - busy / (makespan * pp.size()) : 0.0;
   job_.step_metrics().report("pipeline_bubble", at::full({}, bubble, at::kDouble), KEEL_METRIC_MEAN);
-}
-
-Trainer::Stop Trainer::agreed_stop() {
-  // A signal reaches one rank (or all, at different steps), a background save's failure is
-  // known first to whichever rank's thread finishes first: all stop after the same step.
-  Group& world = job_.mesh().group(KEEL_GROUP_WORLD);
-  const bool failed = state_->background_failed();
-  if (world.size() == 1) return {stop_requested(), failed};
-  at::Tensor flags = at::tensor({static_cast<double>(stop_requested()), failed ? 1.0 : 0.0}, at::kDouble);
-  world.all_reduce(flags, KEEL_REDUCE_MAX);
-  return {static_cast<int>(flags[0].item<double>()), flags[1].item<double>() != 0.0};
-}
-
-RunSummary Trainer::run() {
-  const int64_t last = job_.config().training.steps, checkpoint_interval = job_.config().checkpoint.interval;
-  RunSummary summary;
-  summary.loss_floor = source_->loss_floor();
-  summary.steps_done = start_step_;
-  log_info(source_->describe());
-  StepLog log(job_, start_step_);
-  install_stop_handlers();
-  for (int64_t s = start_step_ + 1; s <= last; ++s) {
-    const bool logged = log.logs(s);
-    const double lr = schedule_->at(s);
-    const double loss = step(s, /*read_loss=*/logged);
-    log.count_step();
-    summary.steps_done = s;
-    if (logged) remember(summary, log.write(s, loss, lr, last_norm_, last_found_inf_), s == start_step_ + 1);
-    if (checkpoint_interval > 0 && s % checkpoint_interval == 0) checkpoint(s);
-    if (stops_after(s, summary)) {
-      if (!logged) summary.final_loss = last_loss_.item<double>();
-      break;
-    }
-  }
-  finish_checkpoints(summary);
-  report_replica_checks(summary);
-  save_final_weights(summary);
-  throw_if_save_failed(summary);
-  return summary;
-}
-
-bool Trainer::stops_after(int64_t step, RunSummary& summary) {
-  const Stop stop = agreed_stop();
-  if (stop.save_failed) state_->settle(step);
-  if (!state_->save_failure().empty()) return true;
-  if (stop.signal == 0) return false;
-  summary.stop_signal = stop.signal;
-  log_info(cat("stopping after step ", step, " (", stop.signal == SIGINT ? "SIGINT" : "SIGTERM", ")"));
-  return true;
-}
-
-void Trainer::checkpoint(int64_t step) {
-  if (state_->saves() && saved_step_ != step) {
-    state_->save(step);
-    saved_step_ = step;
-  }
-}
-
-void Trainer::finish_checkpoints(RunSummary& summary) {
-  // The end, a stop signal included: the last state is saved (a run of no steps after a load
-  // saves the loaded state in this run's layout: a resharded copy).
-  if (state_->save_failure().empty()) checkpoint(summary.steps_done);
-  if (!state_->saves()) return;
-  state_->settle(summary.steps_done);
-  summary.checkpoint_path = state_->saved_path();
-  summary.run_id = state_->run_id();
-}
-
-void Trainer::report_replica_checks(RunSummary& summary) const {
-  summary.replica_checks = replica_checks_;
-  if (replica_checks_ > 0 && job_.mesh().layout().rank == 0)
-    log_info(cat("replica guard: ", replica_checks_, " check(s), every copy of every parameter bitwise equal"));
-}
-
-void Trainer::save_final_weights(RunSummary& summary) const {
-  const JobConfig& c = job_.config();
-  const bool writer = job_.mesh().layout().rank == 0;
-  const fs::path run_dir = c.job.run_dir;
-  if (c.checkpoint.save_final) {
-    summary.weights_path = (run_dir / "final" / "model.safetensors").string();
-    save_weights(summary.weights_path, summary.steps_done);
-    if (writer) log_info(cat("final weights: ", summary.weights_path));
-  }
-  if (c.debug.dump_state) {
-    std::string path = (run_dir / "final" / "state.safetensors").string();
-    save_weights(path, summary.steps_done, /*with_optimizer=*/true);
-    if (writer) log_info(cat("final state (parameters, buffers, optimizer): ", path));
-  }
-}
-
-void Trainer::throw_if_save_failed(RunSummary& summary) const {
-  if (state_->save_failure().empty()) return;
-  // The weights are safe in run_dir; the job still fails, so nobody mistakes it for a run
-  // whose checkpoints are all there.
-  summary.save_failure = state_->save_failure();
-  throw std::runtime_error(cat("stopped after step ", summary.steps_done, ": ", summary.save_failure));
 }
 
 }  // namespace keel
