@@ -58,15 +58,7 @@ void TrainState::open_checkpoint_dir() {
   // pruning it); a run that starts at step 0 is a new run, and must not mix its checkpoints
   // with another run's in one folder.
   const bool resumes = loaded_ && !c.checkpoint.load_model_only;
-  const std::vector<std::string> held = found["held"].get<std::vector<std::string>>();
-  if (!resumes && c.checkpoint.interval > 0 && !held.empty()) {
-    std::vector<std::string> shown(held.begin(),
-                                   held.begin() + static_cast<std::ptrdiff_t>(std::min<size_t>(held.size(), 3)));
-    throw InputError(cat("checkpoint.dir ", c.checkpoint.dir, " holds checkpoints of another run (", join(shown, ", "),
-                         held.size() > shown.size() ? ", ..." : "", "); this run starts at step 0",
-                         loaded_ ? " (checkpoint.load_model_only)" : "",
-                         ": set checkpoint.load (\"latest\" resumes the newest) or choose another checkpoint.dir"));
-  }
+  if (!resumes) refuse_another_runs_checkpoints(found["held"].get<std::vector<std::string>>());
   run_id_ = found["run_id"].get<std::string>();
   if (resumes) {
     loaded_dir_ = loaded_->dir();
@@ -78,6 +70,17 @@ void TrainState::open_checkpoint_dir() {
   }
   if (first_rank && c.checkpoint.interval > 0)
     log_info(cat("run id ", run_id_, resumes ? " (continued from the loaded checkpoint)" : " (new)"));
+}
+
+void TrainState::refuse_another_runs_checkpoints(const std::vector<std::string>& held) const {
+  const CheckpointSection& ck = job_.config().checkpoint;
+  if (ck.interval <= 0 || held.empty()) return;
+  std::vector<std::string> shown(held.begin(),
+                                 held.begin() + static_cast<std::ptrdiff_t>(std::min<size_t>(held.size(), 3)));
+  throw InputError(cat("checkpoint.dir ", ck.dir, " holds checkpoints of another run (", join(shown, ", "),
+                       held.size() > shown.size() ? ", ..." : "", "); this run starts at step 0",
+                       loaded_ ? " (checkpoint.load_model_only)" : "",
+                       ": set checkpoint.load (\"latest\" resumes the newest) or choose another checkpoint.dir"));
 }
 
 int64_t TrainState::start(AdamW& optimizer, BatchStream& stream, const LrSchedule& schedule) {

@@ -78,11 +78,14 @@ class TrainState {
 
  private:
   void open_checkpoint_dir();
+  void refuse_another_runs_checkpoints(const std::vector<std::string>& held) const;
   void open_writer();
   std::vector<TensorPiece> checkpoint_pieces() const;
   bool writes(const ParamRef& p) const;
   void load_model_state(CheckpointReader& reader);
   int64_t load_training_state(CheckpointReader& reader);
+  void load_clipper_state(CheckpointReader& reader);
+  void load_generator(CheckpointReader& reader);
   void settle_outcome(const std::optional<SaveOutcome>& outcome, int64_t step);
   void report_save(const SaveOutcome& outcome) const;
 

@@ -83,7 +83,6 @@ void TrainState::load_model_state(CheckpointReader& reader) {
 }
 
 int64_t TrainState::load_training_state(CheckpointReader& reader) {
-  const JobConfig& c = job_.config();
   const Manifest& m = reader.manifest();
   for (size_t i = 0; i < params_.size(); ++i) {
     const ParamRef& p = params_[i];
@@ -92,9 +91,21 @@ int64_t TrainState::load_training_state(CheckpointReader& reader) {
                 p.global_dim_size);
     reader.read(state_keys::step + p.fqn, optimizer_->steps()[i]);
   }
+  load_clipper_state(reader);
+  load_generator(reader);
+  stream_->seek(m.data_position);
+  if (job_.mesh().layout().rank == 0)
+    log_info(cat("resuming after step ", m.step, " at sample ", m.data_position, " of the data stream (", m.tokens_seen,
+                 " tokens seen)"));
+  return m.step;
+}
+
+void TrainState::load_clipper_state(CheckpointReader& reader) {
   // The clipper: its own state when the checkpoint has it (saved by this clipper, or carried
   // through a run with another one); another clipper's state is kept for this run's
   // checkpoints but not used.
+  const JobConfig& c = job_.config();
+  const Manifest& m = reader.manifest();
   const std::string mine = state_keys::clipper + c.clipper.component + ".";
   const bool first_rank = job_.mesh().layout().rank == 0;
   std::vector<std::pair<std::string, at::Tensor*>> state = job_.clipper().state();
@@ -118,21 +129,19 @@ int64_t TrainState::load_training_state(CheckpointReader& reader) {
                  : state.empty() ? "is empty"
                                  : "starts fresh",
                  foreign > 0 ? cat("; ", foreign, " other clipper state tensor(s) kept, unused") : std::string()));
+}
+
+void TrainState::load_generator(CheckpointReader& reader) {
   // Random state: each rank its own when the world is the same; none is used by Keel itself.
+  const Manifest& m = reader.manifest();
   const MeshLayout& mesh = job_.mesh().layout();
-  if (m.pp * m.dp == mesh.world() && reader.has(state_keys::rng(mesh.rank))) {
-    at::Generator generator = at::detail::getDefaultCPUGenerator();
-    // The state is read into a tensor shaped like this generator's own, so a crafted entry of
-    // another dtype or size is an InputError naming it, never LibTorch's own refusal.
-    at::Tensor state = generator.get_state();
-    reader.read(state_keys::rng(mesh.rank), state);
-    generator.set_state(state);
-  }
-  stream_->seek(m.data_position);
-  if (mesh.rank == 0)
-    log_info(cat("resuming after step ", m.step, " at sample ", m.data_position, " of the data stream (", m.tokens_seen,
-                 " tokens seen)"));
-  return m.step;
+  if (m.pp * m.dp != mesh.world() || !reader.has(state_keys::rng(mesh.rank))) return;
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  // The state is read into a tensor shaped like this generator's own, so a crafted entry of
+  // another dtype or size is an InputError naming it, never LibTorch's own refusal.
+  at::Tensor state = generator.get_state();
+  reader.read(state_keys::rng(mesh.rank), state);
+  generator.set_state(state);
 }
 
 }  // namespace keel

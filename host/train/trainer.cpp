@@ -130,11 +130,7 @@ double Trainer::step(int64_t step, bool read_loss) {
   job_.mesh().group(KEEL_GROUP_DP).all_reduce(count, KEEL_REDUCE_SUM);
   const double global_tokens = count.item<double>();
 
-  // A skipped step must leave every checkpointed tensor as it was: AdamW and the clipper's
-  // state are guarded inside the step program; the model's persistent buffers (DeepSeek-V3's
-  // expert bias, moved by post_step) are kept here and put back on the device.
-  std::vector<at::Tensor> buffers_before;
-  for (const ParamRef& b : persistent_buffers_) buffers_before.push_back(b.tensor->detach().clone());
+  const std::vector<at::Tensor> buffers_before = keep_buffers();
 
   grads_->zero();
   const int m = c.parallelism.microbatches;
@@ -153,14 +149,7 @@ double Trainer::step(int64_t step, bool read_loss) {
   const at::Tensor& norm = program_->total_norm();
   const at::Tensor& found_inf = program_->found_inf();
   job_.model().post_step();
-  if (!persistent_buffers_.empty()) {
-    c10::NoGradGuard no_grad;
-    const at::Tensor skipped = found_inf.to(at::kBool);
-    for (size_t i = 0; i < persistent_buffers_.size(); ++i) {
-      at::Tensor now = persistent_buffers_[i].tensor->detach();
-      now.copy_(at::where(skipped.to(now.device()), buffers_before[i], now));
-    }
-  }
+  put_back_buffers_if_skipped(buffers_before, found_inf);
   lr_.fill_(schedule_->at(step + 1));
   if (c.debug.replica_check_interval > 0 && step % c.debug.replica_check_interval == 0) {
     check_replicas(params_, world, step);
@@ -173,6 +162,25 @@ double Trainer::step(int64_t step, bool read_loss) {
   last_found_inf_ = found_inf;
   last_loss_ = loss_total / global_tokens;
   return read_loss ? last_loss_.item<double>() : 0.0;
+}
+
+std::vector<at::Tensor> Trainer::keep_buffers() const {
+  // A skipped step must leave every checkpointed tensor as it was: AdamW and the clipper's
+  // state are guarded inside the step program; the model's persistent buffers (DeepSeek-V3's
+  // expert bias, moved by post_step) are kept here and put back on the device.
+  std::vector<at::Tensor> kept;
+  for (const ParamRef& b : persistent_buffers_) kept.push_back(b.tensor->detach().clone());
+  return kept;
+}
+
+void Trainer::put_back_buffers_if_skipped(const std::vector<at::Tensor>& kept, const at::Tensor& found_inf) {
+  if (persistent_buffers_.empty()) return;
+  c10::NoGradGuard no_grad;
+  const at::Tensor skipped = found_inf.to(at::kBool);
+  for (size_t i = 0; i < persistent_buffers_.size(); ++i) {
+    at::Tensor now = persistent_buffers_[i].tensor->detach();
+    now.copy_(at::where(skipped.to(now.device()), kept[i], now));
+  }
 }
 
 void Trainer::poison_gradient(int64_t step) {

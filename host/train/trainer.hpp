@@ -91,6 +91,8 @@ class Trainer {
   void build_step_program();
   void open_data();
   // The step.
+  std::vector<at::Tensor> keep_buffers() const;
+  void put_back_buffers_if_skipped(const std::vector<at::Tensor>& kept, const at::Tensor& found_inf);
   void report_pipeline_bubble();
   void poison_gradient(int64_t step);
   // The loop and the end of the run.
