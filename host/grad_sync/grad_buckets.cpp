@@ -12,23 +12,23 @@ GradientBuckets::GradientBuckets(const std::vector<ParamRef>& params, Mesh& mesh
   std::map<Key, std::vector<const ParamRef*>> by_buffer;
   std::vector<Key> order;
   for (const ParamRef& p : params) {
-    Key key{p.expert(), p.tensor->scalar_type(), p.tensor->device().str()};
+    Key key{p.expert(), p.tensor().scalar_type(), p.tensor().device().str()};
     if (by_buffer.find(key) == by_buffer.end()) order.push_back(key);
     by_buffer[key].push_back(&p);
   }
   for (const Key& key : order) {
     const std::vector<const ParamRef*>& members = by_buffer[key];
     int64_t total = 0;
-    for (const ParamRef* p : members) total += p->tensor->numel();
-    const at::Tensor& like = *members.front()->tensor;
+    for (const ParamRef* p : members) total += p->tensor().numel();
+    const at::Tensor& like = members.front()->tensor();
     at::Tensor buffer = at::zeros({total}, like.options().requires_grad(false));
     buffers_.push_back(buffer);
     Group* group = &mesh.group(std::get<0>(key) ? KEEL_GROUP_EDP : KEEL_GROUP_DP);
     const int64_t bucket_elements = std::max<int64_t>(1, bucket_bytes / static_cast<int64_t>(like.element_size()));
     int64_t offset = 0, bucket_start = 0;
     for (const ParamRef* p : members) {
-      const int64_t n = p->tensor->numel();
-      p->tensor->mutable_grad() = buffer.narrow(0, offset, n).view(p->tensor->sizes());
+      const int64_t n = p->tensor().numel();
+      p->tensor().mutable_grad() = buffer.narrow(0, offset, n).view(p->tensor().sizes());
       offset += n;
       if (offset - bucket_start >= bucket_elements) {
         buckets_.push_back({buffer.narrow(0, bucket_start, offset - bucket_start), group});

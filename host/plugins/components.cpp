@@ -26,29 +26,24 @@ ParamRef to_ref(const keel_param_info* info, const std::string& owner) {
   if (full.fqn == nullptr || full.fqn[0] == '\0') throw std::runtime_error(cat(owner, ": a parameter has no FQN"));
   if (full.tensor == nullptr || !keel::tensor(full.tensor).defined())
     throw std::runtime_error(cat(owner, ": parameter '", full.fqn, "' has no tensor"));
-  ParamRef ref;
-  ref.fqn = full.fqn;
-  ref.tensor = &keel::tensor(full.tensor);
-  ref.flags = full.flags;
-  ref.shard_dim = full.shard_dim;
-  ref.shard_offset = full.shard_offset;
-  ref.global_dim_size = full.global_dim_size;
-  ref.active_fraction = full.active_fraction;
-  ref.module_group = full.module_group != nullptr ? full.module_group : "main";
-  // The C record points into a block that also owns its strings, so copies of the ParamRef
-  // share one stable record.
-  struct Owned {
-    keel_param_info info;
-    std::string fqn, module_group;
-  };
-  auto owned = std::make_shared<Owned>(Owned{full, ref.fqn, ref.module_group});
-  owned->info.fqn = owned->fqn.c_str();
-  owned->info.module_group = owned->module_group.c_str();
-  ref.record = std::shared_ptr<const keel_param_info>(owned, &owned->info);
-  return ref;
+  return ParamRef(full);
 }
 
 }  // namespace
+
+// ------------------------------------------------------------------ ParamRef
+
+std::shared_ptr<const ParamRef::Record> ParamRef::own(const keel_param_info& entry) {
+  auto record = std::make_shared<Record>();
+  record->info = entry;
+  record->info.struct_size = sizeof(keel_param_info);
+  record->fqn = entry.fqn != nullptr ? entry.fqn : "";
+  record->module_group = entry.module_group != nullptr ? entry.module_group : "main";
+  // The C record's strings point into the block that owns them.
+  record->info.fqn = record->fqn.c_str();
+  record->info.module_group = record->module_group.c_str();
+  return record;
+}
 
 // ------------------------------------------------------------------ ModelPart
 
@@ -67,8 +62,8 @@ std::vector<ParamRef> ModelPart::list(bool buffers) {
   std::string owner = cat(model_.context().label(), " part ", spec_.stage_index);
   for (size_t i = 0; i < count; ++i) {
     out.push_back(to_ref(entries[i], owner));
-    if (!seen.insert(out.back().fqn).second)
-      throw std::runtime_error(cat(owner, ": FQN '", out.back().fqn, "' is listed twice"));
+    if (!seen.insert(out.back().fqn()).second)
+      throw std::runtime_error(cat(owner, ": FQN '", out.back().fqn(), "' is listed twice"));
   }
   return out;
 }

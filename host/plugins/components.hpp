@@ -12,6 +12,7 @@
 #include <vector>
 
 #include <keel/keel.h>
+#include <keel/param_view.hpp>
 
 #include "plugins/extensions.hpp"
 #include "plugins/host_context.hpp"
@@ -20,26 +21,30 @@ namespace keel {
 
 class ConfigSection;
 
-/// The host's record of one parameter or buffer of a part. Its keel_param_info is the host's
-/// own, normalised copy of the model's entry (this host's struct_size, module_group never
-/// NULL): the record clippers receive, never the model plugin's struct. Copies share it.
-struct ParamRef {
-  std::string fqn;
-  at::Tensor* tensor = nullptr;  ///< the plugin's slot; stable while the part lives
-  uint32_t flags = 0;
-  int32_t shard_dim = -1;
-  int64_t shard_offset = 0;
-  int64_t global_dim_size = 0;
-  double active_fraction = 1.0;
-  std::string module_group = "main";
-  std::shared_ptr<const keel_param_info> record;  ///< the host-owned C record (fqn and module_group point here)
+/// The host's record of one parameter or buffer of a part: its own normalised copy of the
+/// model's keel_param_info (this host's struct_size, module_group never NULL), read through
+/// keel::ParamView, and the record clippers receive, never the model plugin's struct. Copies
+/// share the record.
+class ParamRef : public ParamView {
+ public:
+  /// The host's record of a model's complete entry (every ABI 1.0 field read).
+  explicit ParamRef(const keel_param_info& entry) : ParamRef(own(entry)) {}
+  /// The canonical FQN.
+  const std::string& fqn() const { return record_->fqn; }
+  /// The module group the parameter counts under ("main" when the model gave none).
+  const std::string& module_group() const { return record_->module_group; }
+  /// The C record handed to clippers; stable while any copy of this ParamRef lives.
+  const keel_param_info* info() const { return &record_->info; }
 
-  /// The record handed to clippers; stable while any copy of this ParamRef lives.
-  const keel_param_info* info() const { return record.get(); }
+ private:
+  struct Record {
+    keel_param_info info;
+    std::string fqn, module_group;
+  };
+  static std::shared_ptr<const Record> own(const keel_param_info& entry);
+  explicit ParamRef(std::shared_ptr<const Record> record) : ParamView(&record->info), record_(std::move(record)) {}
 
-  bool replica() const { return (flags & KEEL_PARAM_REPLICA) != 0; }
-  bool expert() const { return (flags & KEEL_PARAM_EXPERT) != 0; }
-  bool persistent() const { return (flags & KEEL_PARAM_PERSISTENT) != 0; }
+  std::shared_ptr<const Record> record_;
 };
 
 class Model;

@@ -10,16 +10,16 @@ namespace keel {
 namespace {
 
 void add(ParamCount& count, const ParamRef& p) {
-  int64_t numel = p.tensor->numel();
+  int64_t numel = p.tensor().numel();
   // A shard counts as its share of the global tensor; the report is of the logical model.
-  if (p.shard_dim >= 0 && p.tensor->dim() > p.shard_dim && p.tensor->size(p.shard_dim) > 0)
-    numel = numel / p.tensor->size(p.shard_dim) * p.global_dim_size;
+  if (p.shard_dim() >= 0 && p.tensor().dim() > p.shard_dim() && p.tensor().size(p.shard_dim()) > 0)
+    numel = numel / p.tensor().size(p.shard_dim()) * p.global_dim_size();
   if (p.replica()) {
     count.replicas += numel;
     return;
   }
   count.total += numel;
-  count.activated += static_cast<double>(numel) * p.active_fraction;
+  count.activated += static_cast<double>(numel) * p.active_fraction();
 }
 
 std::string line(const std::string& label, const ParamCount& c) {
@@ -36,12 +36,12 @@ std::string describe_part(const ModelPart& part, const std::vector<int>& ranks) 
   std::string experts;
   std::vector<std::string> replicas;
   for (const ParamRef& p : part.parameters()) {
-    elements += p.tensor->numel();
-    if (p.expert() && experts.empty() && p.shard_dim >= 0)
-      experts = format(", experts %ld-%ld of %ld", static_cast<long>(p.shard_offset),
-                       static_cast<long>(p.shard_offset + p.tensor->size(p.shard_dim) - 1),
-                       static_cast<long>(p.global_dim_size));
-    if (p.replica()) replicas.push_back(p.fqn);
+    elements += p.tensor().numel();
+    if (p.expert() && experts.empty() && p.shard_dim() >= 0)
+      experts = format(", experts %ld-%ld of %ld", static_cast<long>(p.shard_offset()),
+                       static_cast<long>(p.shard_offset() + p.tensor().size(p.shard_dim()) - 1),
+                       static_cast<long>(p.global_dim_size()));
+    if (p.replica()) replicas.push_back(p.fqn());
   }
   std::vector<std::string> rank_names;
   for (int r : ranks) rank_names.push_back(std::to_string(r));
@@ -60,7 +60,7 @@ std::map<std::string, ParamCount> count_parameters(const Job& job) {
   std::map<std::string, ParamCount> counts;
   for (ModelPart* part : job.parts())
     for (const ParamRef& p : part->parameters()) {
-      add(counts[p.module_group], p);
+      add(counts[p.module_group()], p);
       add(counts[""], p);
     }
   return counts;

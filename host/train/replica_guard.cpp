@@ -26,7 +26,7 @@ std::string hex(uint64_t value) { return format("%016llx", static_cast<unsigned 
 size_t check_replicas(const std::vector<ParamRef>& params, Group& world, int64_t step) {
   nlohmann::json mine = nlohmann::json::array();
   for (const ParamRef& p : params)
-    mine.push_back({p.fqn, p.shard_dim >= 0 ? p.shard_offset : -1, hex(content_hash(*p.tensor)), p.replica()});
+    mine.push_back({p.fqn(), p.shard_dim() >= 0 ? p.shard_offset() : -1, hex(content_hash(p.tensor())), p.replica()});
   std::vector<std::string> gathered = all_gather_bytes(world, mine.dump());
 
   // (fqn, shard offset or -1) -> hash -> the ranks holding it, ascending (gathered in rank order).
@@ -63,8 +63,8 @@ size_t perturb_replicas(const std::vector<ParamRef>& params) {
   c10::NoGradGuard no_grad;
   size_t changed = 0;
   for (const ParamRef& p : params)
-    if (p.replica() && p.tensor->numel() > 0) {
-      p.tensor->detach().view({-1})[0].add_(1.0);
+    if (p.replica() && p.tensor().numel() > 0) {
+      p.tensor().detach().view({-1})[0].add_(1.0);
       ++changed;
     }
   return changed;

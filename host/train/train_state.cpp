@@ -134,19 +134,19 @@ bool TrainState::writes(const ParamRef& p) const {
 std::vector<TensorPiece> TrainState::checkpoint_pieces() const {
   std::vector<TensorPiece> pieces;
   auto add = [&](const std::string& key, const ParamRef& p, const at::Tensor& t) {
-    pieces.push_back({key, t, p.shard_dim, p.shard_offset, p.global_dim_size});
+    pieces.push_back({key, t, p.shard_dim(), p.shard_offset(), p.global_dim_size()});
   };
   for (ModelPart* part : job_.parts())
     for (const ParamRef& b : part->buffers())
-      if (b.persistent() && writes(b)) add(state_keys::model + b.fqn, b, *b.tensor);
+      if (b.persistent() && writes(b)) add(state_keys::model + b.fqn(), b, b.tensor());
   for (size_t i = 0; i < params_.size(); ++i) {
     const ParamRef& p = params_[i];
     if (!writes(p)) continue;
-    add(state_keys::model + p.fqn, p, *p.tensor);
-    add(state_keys::exp_avg + p.fqn, p, optimizer_->exp_avg()[i]);
-    add(state_keys::exp_avg_sq + p.fqn, p, optimizer_->exp_avg_sq()[i]);
+    add(state_keys::model + p.fqn(), p, p.tensor());
+    add(state_keys::exp_avg + p.fqn(), p, optimizer_->exp_avg()[i]);
+    add(state_keys::exp_avg_sq + p.fqn(), p, optimizer_->exp_avg_sq()[i]);
     // Every shard of a parameter counts the same steps: the first shard's count stands for all.
-    if (p.shard_dim < 0 || p.shard_offset == 0) pieces.push_back({state_keys::step + p.fqn, optimizer_->steps()[i]});
+    if (p.shard_dim() < 0 || p.shard_offset() == 0) pieces.push_back({state_keys::step + p.fqn(), optimizer_->steps()[i]});
   }
   const int rank = job_.mesh().layout().rank;
   if (rank == 0) {

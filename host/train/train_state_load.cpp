@@ -42,13 +42,13 @@ void TrainState::load_model_state(CheckpointReader& reader) {
   try {
     for (ModelPart* part : job_.parts()) {
       for (const ParamRef& p : part->parameters()) {
-        reader.read(state_keys::model + p.fqn, *p.tensor, p.shard_dim, p.shard_offset, p.global_dim_size);
-        taken.push_back(state_keys::model + p.fqn);
+        reader.read(state_keys::model + p.fqn(), p.tensor(), p.shard_dim(), p.shard_offset(), p.global_dim_size());
+        taken.push_back(state_keys::model + p.fqn());
       }
       for (const ParamRef& b : part->buffers())
         if (b.persistent()) {
-          reader.read(state_keys::model + b.fqn, *b.tensor, b.shard_dim, b.shard_offset, b.global_dim_size);
-          taken.push_back(state_keys::model + b.fqn);
+          reader.read(state_keys::model + b.fqn(), b.tensor(), b.shard_dim(), b.shard_offset(), b.global_dim_size());
+          taken.push_back(state_keys::model + b.fqn());
         }
     }
   } catch (const InputError& e) {
@@ -86,10 +86,10 @@ int64_t TrainState::load_training_state(CheckpointReader& reader) {
   const Manifest& m = reader.manifest();
   for (size_t i = 0; i < params_.size(); ++i) {
     const ParamRef& p = params_[i];
-    reader.read(state_keys::exp_avg + p.fqn, optimizer_->exp_avg()[i], p.shard_dim, p.shard_offset, p.global_dim_size);
-    reader.read(state_keys::exp_avg_sq + p.fqn, optimizer_->exp_avg_sq()[i], p.shard_dim, p.shard_offset,
-                p.global_dim_size);
-    reader.read(state_keys::step + p.fqn, optimizer_->steps()[i]);
+    reader.read(state_keys::exp_avg + p.fqn(), optimizer_->exp_avg()[i], p.shard_dim(), p.shard_offset(), p.global_dim_size());
+    reader.read(state_keys::exp_avg_sq + p.fqn(), optimizer_->exp_avg_sq()[i], p.shard_dim(), p.shard_offset(),
+                p.global_dim_size());
+    reader.read(state_keys::step + p.fqn(), optimizer_->steps()[i]);
   }
   load_clipper_state(reader);
   load_generator(reader);

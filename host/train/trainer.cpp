@@ -69,7 +69,7 @@ void Trainer::post_init() {
   if (job_.config().debug.perturb_replicas == "after_post_init")
     log_warn(cat("debug.perturb_replicas: perturbed ", perturb_replicas(params_), " replica(s) after post_init"));
   for (ParamRef& p : params_)
-    if (!p.tensor->requires_grad()) throw std::runtime_error(cat("parameter ", p.fqn, " does not require grad"));
+    if (!p.tensor().requires_grad()) throw std::runtime_error(cat("parameter ", p.fqn(), " does not require grad"));
   for (ModelPart* part : job_.parts())
     for (const ParamRef& b : part->buffers())
       if (b.persistent()) persistent_buffers_.push_back(b);
@@ -82,7 +82,7 @@ void Trainer::build_optimizer() {
     log_info(cat("gradient reduction: ", grads_->collectives_per_step(), " all-reduce(s) per step over dp/edp (",
                  c.parallelism.grad_bucket_mb, " MiB buckets)"));
   std::vector<OptimParam> optim_params;
-  for (ParamRef& p : params_) optim_params.push_back({p.fqn, *p.tensor, decays(p.fqn, c.optimizer.no_decay)});
+  for (ParamRef& p : params_) optim_params.push_back({p.fqn(), p.tensor(), decays(p.fqn(), c.optimizer.no_decay)});
   optimizer_ = std::make_unique<AdamW>(
       std::move(optim_params),
       AdamWOptions{c.optimizer.beta1, c.optimizer.beta2, c.optimizer.eps, c.optimizer.weight_decay});
@@ -169,7 +169,7 @@ std::vector<at::Tensor> Trainer::keep_buffers() const {
   // state are guarded inside the step program; the model's persistent buffers (DeepSeek-V3's
   // expert bias, moved by post_step) are kept here and put back on the device.
   std::vector<at::Tensor> kept;
-  for (const ParamRef& b : persistent_buffers_) kept.push_back(b.tensor->detach().clone());
+  for (const ParamRef& b : persistent_buffers_) kept.push_back(b.tensor().detach().clone());
   return kept;
 }
 
@@ -178,7 +178,7 @@ void Trainer::put_back_buffers_if_skipped(const std::vector<at::Tensor>& kept, c
   c10::NoGradGuard no_grad;
   const at::Tensor skipped = found_inf.to(at::kBool);
   for (size_t i = 0; i < persistent_buffers_.size(); ++i) {
-    at::Tensor now = persistent_buffers_[i].tensor->detach();
+    at::Tensor now = persistent_buffers_[i].tensor().detach();
     now.copy_(at::where(skipped.to(now.device()), kept[i], now));
   }
 }
@@ -188,11 +188,11 @@ void Trainer::poison_gradient(int64_t step) {
   // would leave it, before the data-parallel reduction.
   const std::string& pattern = job_.config().debug.nan_grad_param;
   for (const ParamRef& p : params_) {
-    at::Tensor grad = p.tensor->mutable_grad();
-    if (!grad.defined() || grad.numel() == 0 || !glob_match(pattern, p.fqn)) continue;
+    at::Tensor grad = p.tensor().mutable_grad();
+    if (!grad.defined() || grad.numel() == 0 || !glob_match(pattern, p.fqn())) continue;
     c10::NoGradGuard no_grad;
     grad.view({-1}).narrow(0, 0, 1).fill_(std::numeric_limits<double>::quiet_NaN());
-    log_warn(cat("debug.nan_grad_step: step ", step, ": a NaN put into the gradient of ", p.fqn));
+    log_warn(cat("debug.nan_grad_step: step ", step, ": a NaN put into the gradient of ", p.fqn()));
     return;
   }
   log_warn(cat("debug.nan_grad_step: step ", step, ": no gradient of this rank matches '", pattern, "'"));

@@ -5,6 +5,7 @@
 #include "checkpoint/consolidate.hpp"
 #include "grad_sync/grad_buckets.hpp"
 #include "mesh/mesh.hpp"
+#include "param_refs.hpp"
 #include "train/replica_guard.hpp"
 
 namespace keel {
@@ -12,9 +13,7 @@ namespace {
 
 TEST(GradientBuckets, GradientsAreViewsOfOneBufferThatAutogradAccumulatesInto) {
   at::Tensor a = at::randn({3, 4}).requires_grad_(true), b = at::randn({5}).requires_grad_(true);
-  std::vector<ParamRef> refs(2);
-  refs[0].fqn = "a", refs[0].tensor = &a;
-  refs[1].fqn = "b", refs[1].tensor = &b;
+  std::vector<ParamRef> refs{test::param_ref("a", a), test::param_ref("b", b)};
   Mesh mesh(MeshLayout::compute(1, 1, 1, 0));
   GradientBuckets grads(refs, mesh, /*bucket_bytes=*/16);
   const void* storage = a.grad().storage().data();
@@ -31,9 +30,7 @@ TEST(GradientBuckets, GradientsAreViewsOfOneBufferThatAutogradAccumulatesInto) {
 
 TEST(GradientBuckets, ExpertGradientsLiveInTheirOwnBuffer) {
   at::Tensor dense = at::randn({4}).requires_grad_(true), expert = at::randn({2, 4}).requires_grad_(true);
-  std::vector<ParamRef> refs(2);
-  refs[0].fqn = "w", refs[0].tensor = &dense;
-  refs[1].fqn = "experts.w1", refs[1].tensor = &expert, refs[1].flags = KEEL_PARAM_EXPERT;
+  std::vector<ParamRef> refs{test::param_ref("w", dense), test::param_ref("experts.w1", expert, KEEL_PARAM_EXPERT)};
   Mesh mesh(MeshLayout::compute(1, 1, 1, 0));
   GradientBuckets grads(refs, mesh, 1 << 20);
   EXPECT_NE(dense.grad().storage().data(), expert.grad().storage().data());
@@ -67,10 +64,9 @@ TEST(Consolidate, AGapOrATwiceWrittenTensorIsRefusedNamingTheKey) {
 TEST(ReplicaGuard, ADriftedCopyStopsTheJobNamingTheParameterAndRanks) {
   Mesh mesh(MeshLayout::compute(1, 1, 1, 0));
   at::Tensor owner = at::randn({4, 2}), replica = owner.clone(), other = at::randn({3});
-  std::vector<ParamRef> refs(3);
-  refs[0].fqn = "tok_embeddings.weight", refs[0].tensor = &owner;
-  refs[1].fqn = "tok_embeddings.weight", refs[1].tensor = &replica, refs[1].flags = KEEL_PARAM_REPLICA;
-  refs[2].fqn = "norm.weight", refs[2].tensor = &other;
+  std::vector<ParamRef> refs{test::param_ref("tok_embeddings.weight", owner),
+                             test::param_ref("tok_embeddings.weight", replica, KEEL_PARAM_REPLICA),
+                             test::param_ref("norm.weight", other)};
   EXPECT_EQ(check_replicas(refs, mesh.group(KEEL_GROUP_WORLD), 1), 2u);
   EXPECT_EQ(perturb_replicas(refs), 1u);
   try {

@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "param_refs.hpp"
 #include "train/replica_guard.hpp"
 
 namespace keel {
@@ -66,9 +67,8 @@ std::vector<std::string> guard_messages(const std::vector<float>& values) {
   for (int r = 0; r < n; ++r)
     ranks.emplace_back([&, r] {
       at::Tensor weight = at::full({4}, values[static_cast<size_t>(r)]);
-      std::vector<ParamRef> params(1);
-      params[0].fqn = "tok_embeddings.weight", params[0].tensor = &weight;
-      params[0].flags = r == 0 ? 0u : static_cast<uint32_t>(KEEL_PARAM_REPLICA);
+      std::vector<ParamRef> params{
+          test::param_ref("tok_embeddings.weight", weight, r == 0 ? 0u : static_cast<uint32_t>(KEEL_PARAM_REPLICA))};
       ThreadGroup group(r, shared);
       try {
         check_replicas(params, group, 7);
