@@ -1,9 +1,11 @@
 // The deepseek_v3_mtp plugin: DeepSeek-V3 (MLA, DeepSeekMoE with aux-loss-free balancing)
-// with multi-token prediction. The model keeps its embedding replica exact itself: post_init
-// broadcasts the first stage's copy to the last stage, pre_clip sums the two gradients; the
-// expert bias is updated in post_step from the step's expert loads summed over dp.
+// with multi-token prediction. The model keeps its embedding replica exact itself
+// (keel::StageReplicas: post_init broadcasts the first stage's copy to the last stage,
+// pre_clip sums the two gradients); the expert bias is updated in post_step from the step's
+// expert loads summed over dp.
 #include <c10/core/GradMode.h>
 #include <keel/keel.hpp>
+#include <keel/replica.hpp>
 
 #include <map>
 #include <memory>
@@ -45,33 +47,15 @@ class DeepSeekV3 {
     placement.host = host_.raw();
     placement.group = host_.group(KEEL_GROUP_EP);
     parts_.push_back(std::make_unique<deepseek_v3::Part>(host_.raw(), args_, spec, placement));
+    if (at::Tensor* embedding = parts_.back()->embedding()) embeddings_.hold(*embedding);
     return *parts_.back();
   }
 
-  // The {first stage, last stage} group of this rank's data-parallel replica, created by every
-  // rank for every replica (a collective over the world), when the embedding has a replica.
-  void post_init() {
-    if (mesh_.pp > 1 && args_.num_mtp_layers > 0) {
-      for (int32_t r = 0; r < mesh_.dp; ++r) {
-        keel_group* g = host_.new_group({r, (mesh_.pp - 1) * mesh_.dp + r});
-        if (g != nullptr) embedding_group_ = g;
-      }
-    }
-    for (at::Tensor* e : embeddings()) {
-      c10::NoGradGuard no_grad;
-      at::Tensor data = e->detach();
-      host_.broadcast(embedding_group_, data, /*root=*/0);  // group rank 0 is the first stage
-    }
-  }
+  // The embedding has a REPLICA on the last stage when MTP embeds future tokens there.
+  void post_init() { embeddings_.post_init(host_, /*shared=*/args_.num_mtp_layers > 0); }
 
   // After the DP reduction: both copies receive the sum of both gradients (same bits on both).
-  void pre_clip() {
-    for (at::Tensor* e : embeddings())
-      if (e->grad().defined()) {
-        at::Tensor grad = e->mutable_grad();
-        host_.all_reduce(embedding_group_, grad, KEEL_REDUCE_SUM);
-      }
-  }
+  void pre_clip() { embeddings_.pre_clip(host_); }
 
   // Aux-loss-free balancing: bias += coeff * sign(mean load - load), centred, from the step's
   // loads summed over dp (every replica routes its own tokens).
@@ -100,19 +84,10 @@ class DeepSeekV3 {
  private:
   DeepSeekV3(keel::Host host, deepseek_v3::Args args, keel_mesh_info mesh) : host_(host), args_(args), mesh_(mesh) {}
 
-  // The embedding copies this rank holds when a replica exists (pp > 1 and MTP).
-  std::vector<at::Tensor*> embeddings() {
-    std::vector<at::Tensor*> out;
-    if (embedding_group_ == nullptr) return out;
-    for (auto& part : parts_)
-      if (part->embedding() != nullptr) out.push_back(part->embedding());
-    return out;
-  }
-
   keel::Host host_;
   deepseek_v3::Args args_;
   keel_mesh_info mesh_;
-  keel_group* embedding_group_ = nullptr;
+  keel::StageReplicas embeddings_;
   std::vector<std::unique_ptr<deepseek_v3::Part>> parts_;
 };
 
