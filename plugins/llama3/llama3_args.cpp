@@ -19,6 +19,7 @@ const std::vector<keel::Field<Args>>& fields() {
       {"vocab_size", &Args::vocab_size, 1},
       {"rope_theta", &Args::rope_theta},
       {"norm_eps", &Args::norm_eps},
+      {"tie_embeddings", &Args::tie_embeddings},
   };
   return table;
 }

@@ -17,6 +17,7 @@ struct Args {
   int64_t vocab_size = 0;
   double rope_theta = 500000.0;
   double norm_eps = 1e-5;
+  bool tie_embeddings = false;  ///< the output head is the token embedding (Llama 3.2 1B/3B)
 
   int64_t head_dim() const { return dim / n_heads; }
 };

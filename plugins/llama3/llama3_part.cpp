@@ -22,12 +22,14 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
 }  // namespace
 
 Part::Part(keel_host* host, const Args& args, const keel_part_spec& spec)
-    : keel::Part(host), args_(args), spec_(spec), options_(keel::part_options(spec)) {
+    : keel::Part(host), args_(args), spec_(spec), options_(keel::part_options(spec)), first_(spec.stage_index == 0) {
   const int64_t d = args.dim, hd = args.head_dim();
-  if (spec.stage_index == 0) {
-    tok_embeddings_ = &param("tok_embeddings.weight", {args.vocab_size, d});
-    // A token reads one row of the table: 1 / vocab of it is "activated".
-    parameters().decls().back()->active_fraction = 1.0 / static_cast<double>(args.vocab_size);
+  const bool last = spec.stage_index == spec.num_stages - 1;
+  if (first_ || (last && args.tie_embeddings)) {
+    // A token reads one row of the table: 1 / vocab of it is "activated"; a tied head reads
+    // all of it.
+    const double active = args.tie_embeddings ? 1.0 : 1.0 / static_cast<double>(args.vocab_size);
+    tok_embeddings_ = &param("tok_embeddings.weight", {args.vocab_size, d}, first_ ? 0 : KEEL_PARAM_REPLICA, active);
   }
   for (int i = spec.first_layer; i < spec.first_layer + spec.num_layers; ++i) {
     std::string p = "layers." + std::to_string(i) + ".";
@@ -43,22 +45,28 @@ Part::Part(keel_host* host, const Args& args, const keel_part_spec& spec)
     b.w3 = &param(p + "feed_forward.w3.weight", {args.ffn_hidden, d});
     blocks_.push_back(b);
   }
-  if (spec.stage_index == spec.num_stages - 1) {
+  if (last) {
     norm_ = &param("norm.weight", {d});
-    output_ = &param("output.weight", {args.vocab_size, d});
+    output_ = args.tie_embeddings ? tok_embeddings_ : &param("output.weight", {args.vocab_size, d});
   }
 }
 
-at::Tensor& Part::param(const std::string& fqn, std::vector<int64_t> shape) {
+at::Tensor& Part::param(const std::string& fqn, std::vector<int64_t> shape, uint32_t flags, double active_fraction) {
   keel::ParamDecl decl;
   decl.fqn = fqn;
   decl.tensor = at::empty(shape, options_).requires_grad_(true);
+  decl.flags = flags;
+  decl.active_fraction = active_fraction;
   return parameters().add(std::move(decl));
 }
 
 void Part::init_weights(uint64_t seed) {
   // torchtitan's Llama 3 init: N(0, 1) embeddings, N(0, 0.02) input projections, depth-scaled
-  // output projections, unit norms, and a dim^-1/2 truncated normal head.
+  // output projections, unit norms, and a dim^-1/2 truncated normal head. A tied table takes
+  // the head's rule: as the head, an N(0, 1) table would give logits of std ~sqrt(dim) (the
+  // normed h has RMS 1), a near one-hot softmax and a first loss far above ln(vocab); as the
+  // embedding, the pre-norm blocks see its rows through RMSNorm, whatever their scale. The
+  // draw is keyed by the FQN, so a REPLICA starts with the owner's bits.
   const double depth_std = 0.02 / std::sqrt(2.0 * static_cast<double>(args_.n_layers));
   for (const auto& decl : parameters().decls()) {
     const std::string& fqn = decl->fqn;
@@ -69,10 +77,10 @@ void Part::init_weights(uint64_t seed) {
     };
     if (ends_with("norm.weight"))
       keel::init::constant_(t, 1.0);
+    else if (fqn == "output.weight" || (fqn == "tok_embeddings.weight" && args_.tie_embeddings))
+      keel::init::truncated_normal_(t, seed, fqn, 1.0 / std::sqrt(static_cast<double>(args_.dim)));
     else if (fqn == "tok_embeddings.weight")
       keel::init::normal_(t, seed, fqn, 1.0);
-    else if (fqn == "output.weight")
-      keel::init::truncated_normal_(t, seed, fqn, 1.0 / std::sqrt(static_cast<double>(args_.dim)));
     else if (ends_with("wo.weight") || ends_with("w2.weight") || ends_with("w3.weight"))
       keel::init::truncated_normal_(t, seed, fqn, depth_std);
     else
@@ -99,7 +107,7 @@ at::Tensor Part::feed_forward(const Block& b, const at::Tensor& x) const {
 }
 
 at::Tensor Part::trunk(const at::Tensor& tokens, const at::Tensor* activation) const {
-  at::Tensor h = tok_embeddings_ != nullptr ? at::embedding(*tok_embeddings_, tokens) : *activation;
+  at::Tensor h = first_ ? at::embedding(*tok_embeddings_, tokens) : *activation;
   const int64_t seq = h.size(1), half = args_.head_dim() / 2;
   at::Tensor positions = at::arange(seq, h.options().dtype(at::kFloat));
   at::Tensor freqs = at::pow(args_.rope_theta, at::arange(half, h.options().dtype(at::kFloat)) *
@@ -118,7 +126,7 @@ at::Tensor Part::head(const at::Tensor& h) const {
 }
 
 at::Tensor Part::logits(const at::Tensor& tokens) {
-  if (tok_embeddings_ == nullptr || output_ == nullptr)
+  if (!first_ || output_ == nullptr)
     throw keel::Error(KEEL_ERROR_INVALID_ARGUMENT, "llama3: logits() needs a part holding the whole model");
   return head(trunk(tokens, nullptr));
 }

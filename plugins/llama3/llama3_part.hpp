@@ -1,6 +1,10 @@
 // One pipeline part of a Llama 3 model: the embedding on the first stage, a run of
 // transformer blocks (RMSNorm, RoPE, grouped-query attention, SwiGLU), and the final norm and
 // output head on the last stage. FQNs follow torchtitan's Llama 3.
+//
+// With tie_embeddings the head is the embedding (logits = h E^T, no output.weight): a single
+// stage uses one tensor twice; under pipeline parallelism a last stage that is not also the
+// first holds a REPLICA of tok_embeddings.weight, kept exact by the model (keel::StageReplicas).
 #pragma once
 
 #include <keel/keel.hpp>
@@ -18,12 +22,15 @@ class Part final : public keel::Part {
   void forward(const keel_forward_inputs& inputs, keel_forward_outputs& outputs) override;
   /// The logits ([batch, seq, vocab]) of `tokens`; for a part holding the whole model.
   at::Tensor logits(const at::Tensor& tokens);
+  /// The token embedding this part holds (the owner, or the tied head's REPLICA), or nullptr.
+  at::Tensor* tok_embeddings() { return tok_embeddings_; }
 
  private:
   struct Block {
     at::Tensor *attention_norm, *wq, *wk, *wv, *wo, *ffn_norm, *w1, *w2, *w3;
   };
-  at::Tensor& param(const std::string& fqn, std::vector<int64_t> shape);
+  at::Tensor& param(const std::string& fqn, std::vector<int64_t> shape, uint32_t flags = 0,
+                    double active_fraction = 1.0);
   at::Tensor attention(const Block& b, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const;
   at::Tensor feed_forward(const Block& b, const at::Tensor& x) const;
   // The embedding (first stage) or the previous stage's activation through this part's blocks.
@@ -34,9 +41,10 @@ class Part final : public keel::Part {
   Args args_;
   keel_part_spec spec_;
   at::TensorOptions options_;
-  at::Tensor* tok_embeddings_ = nullptr;
+  bool first_ = false;                    // embeds the tokens
+  at::Tensor* tok_embeddings_ = nullptr;  // first stage, and a tied last stage
   at::Tensor* norm_ = nullptr;
-  at::Tensor* output_ = nullptr;
+  at::Tensor* output_ = nullptr;  // the head's weight (tok_embeddings_ when tied), last stage
   std::vector<Block> blocks_;
 };
 

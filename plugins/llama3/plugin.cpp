@@ -1,5 +1,9 @@
-// The llama3 plugin: a Llama 3 model component (flavors tiny, debug, 8b).
+// The llama3 plugin: a Llama 3 model component (flavors tiny, debug, 8b). With tied
+// embeddings under pipeline parallelism the model keeps the head's REPLICA of the embedding
+// exact itself (keel::StageReplicas: post_init broadcasts the first stage's copy to the last
+// stage, pre_clip sums the two gradients).
 #include <keel/keel.hpp>
+#include <keel/replica.hpp>
 
 #include <map>
 #include <memory>
@@ -27,8 +31,12 @@ class Llama3 {
   }
   keel::Part& build_part(const keel_part_spec& spec) {
     parts_.push_back(std::make_unique<llama3::Part>(host_.raw(), args_, spec));
+    if (at::Tensor* embedding = parts_.back()->tok_embeddings()) embeddings_.hold(*embedding);
     return *parts_.back();
   }
+  void post_init() { embeddings_.post_init(host_, /*shared=*/args_.tie_embeddings); }
+  // After the DP reduction: both copies receive the sum of both gradients (same bits on both).
+  void pre_clip() { embeddings_.pre_clip(host_); }
   void export_state(const std::string& format, const std::map<std::string, at::Tensor>& state, keel::ExportSink& sink) {
     if (format != "hf") throw keel::unsupported_format("llama3", format, "hf");
     llama3::export_hf(host_.raw(), args_, state, sink);
@@ -38,10 +46,12 @@ class Llama3 {
   Llama3(keel::Host host, llama3::Args args) : host_(host), args_(args) {}
   keel::Host host_;
   llama3::Args args_;
+  keel::StageReplicas embeddings_;
   std::vector<std::unique_ptr<llama3::Part>> parts_;
 };
 
 }  // namespace
 
 KEEL_PLUGIN("llama3", "1.1.0",
-            keel::model_component<Llama3>("llama3", "Llama 3 (RMSNorm, RoPE, grouped-query attention, SwiGLU)"))
+            keel::model_component<Llama3>("llama3", "Llama 3 (RMSNorm, RoPE, grouped-query attention, SwiGLU)",
+                                          KEEL_HOOK_PRE_CLIP_CAPTURE_SAFE))

@@ -61,9 +61,11 @@ TEST(CapturePolicy, PluginsDeclareTheirHooks) {
   EXPECT_EQ(deepseek[0].hook, "pre_clip");
   EXPECT_TRUE(deepseek[0].capture_safe && deepseek[1].capture_safe);
   std::vector<StepHook> llama = hooks_of("llama3", "plugin = \"faulty\"\ncomponent = \"host_sync\"\n");
-  ASSERT_EQ(llama.size(), 1u);  // llama3 has no pre_clip: nothing of it is in the program
-  EXPECT_EQ(llama[0].owner, "clipper host_sync (faulty)");
-  EXPECT_FALSE(llama[0].capture_safe);
+  ASSERT_EQ(llama.size(), 2u);  // llama3's pre_clip (its tied table's replica) is capture-safe
+  EXPECT_EQ(llama[0].hook, "pre_clip");
+  EXPECT_TRUE(llama[0].capture_safe);
+  EXPECT_EQ(llama[1].owner, "clipper host_sync (faulty)");
+  EXPECT_FALSE(llama[1].capture_safe);
   EXPECT_FALSE(decide_capture("auto", true, llama).capture);
 }
 
