@@ -51,7 +51,8 @@ std::string hf_config_json(const Args& a, at::ScalarType dtype) {
       {"attention_bias", false},
       {"attention_dropout", 0.0},
       {"mlp_bias", false},
-      {"tie_word_embeddings", false},
+      // Tied: no lm_head.weight is exported; transformers ties it to model.embed_tokens.
+      {"tie_word_embeddings", a.tie_embeddings},
       {"dtype", type},
       {"torch_dtype", type},
   };

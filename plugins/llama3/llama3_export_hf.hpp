@@ -25,6 +25,7 @@ std::string hf_config_json(const Args& args, at::ScalarType dtype);
 
 /// Hands every tensor of the consolidated `state` (canonical FQN -> whole tensor) to `sink`
 /// under its transformers name, then config.json; refuses a state that does not match `args`.
+/// A tied model has no output.weight, so no lm_head.weight, and says tie_word_embeddings.
 void export_hf(keel_host* host, const Args& args, const std::map<std::string, at::Tensor>& state,
                keel::ExportSink& sink);
 

@@ -2,12 +2,16 @@
 
   test_hf_export.py CASE KEEL_BIN_DIR DUMP_TOOL CONFIG WORK_DIR
 
-Trains the tiny flavor of CASE (deepseek_v3 | llama3) for 2 steps with a checkpoint at step 2,
-exports that checkpoint with `keel-ckpt export --hf` and `keel-ckpt export --keel`, loads the
-first with transformers' AutoModelForCausalLM.from_pretrained (every tensor must be used and
-none missing), and compares its logits on a fixed batch with Keel's logits of the same weights
-(DUMP_TOOL weights=<the --keel file>). Tolerance: rtol 1e-5, atol 1e-6. Exits non-zero on a miss.
+Trains the tiny flavor of CASE (deepseek_v3 | llama3 | llama3_tied) for 2 steps with a
+checkpoint at step 2, exports that checkpoint with `keel-ckpt export --hf` and `keel-ckpt export
+--keel`, loads the first with transformers' AutoModelForCausalLM.from_pretrained (every tensor
+must be used and none missing), and compares its logits on a fixed batch with Keel's logits of
+the same weights (DUMP_TOOL weights=<the --keel file>). Tolerance: rtol 1e-5, atol 1e-6. Exits
+non-zero on a miss. llama3_tied trains with model.tie_embeddings = true: the export must say
+tie_word_embeddings, hold no lm_head.weight, and transformers must tie its head to the table.
 """
+import glob
+import json
 import os
 import shutil
 import subprocess
@@ -29,28 +33,44 @@ def run(command):
 
 def main():
     case, bin_dir, dump_tool, config, work = sys.argv[1:6]
+    tied = case.endswith("_tied")
     work = os.path.join(work, case)
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
+    model_sets = ["tie_embeddings=true"] if tied else []
+    sets = [arg for key in model_sets for arg in ("--set", "model." + key)]
     run([os.path.join(bin_dir, "keel-train"), "--config", config, "--set", 'model.flavor="tiny"',
          "--set", "training.steps=2", "--set", "checkpoint.interval=2", "--set", "training.seq_len=16",
-         "--set", "lr_scheduler.warmup_steps=1", "--set", f'job.run_dir="{os.path.join(work, "run")}"'])
+         "--set", "lr_scheduler.warmup_steps=1", "--set", f'job.run_dir="{os.path.join(work, "run")}"', *sets])
     checkpoints = os.path.join(work, "run", "checkpoints")
     hf_dir, keel_file = os.path.join(work, "hf"), os.path.join(work, "keel.safetensors")
     ckpt = os.path.join(bin_dir, "keel-ckpt")
     print(run([ckpt, "export", "--hf", hf_dir, checkpoints]).strip())
     run([ckpt, "export", "--keel", keel_file, checkpoints])
     ours_file = os.path.join(work, "keel_logits.safetensors")
-    run([dump_tool, ours_file, "weights=" + keel_file, "seq=32"])
+    run([dump_tool, ours_file, "weights=" + keel_file, "seq=32", *model_sets])
     ours = load_file(ours_file)
+    failures = []
+    if case.startswith("llama3"):
+        with open(os.path.join(hf_dir, "config.json")) as f:
+            if json.load(f)["tie_word_embeddings"] != tied:
+                failures.append(f"config.json: tie_word_embeddings is not {tied}")
+        names = set()
+        for path in glob.glob(os.path.join(hf_dir, "*.safetensors")):
+            names.update(load_file(path).keys())
+        if ("lm_head.weight" in names) == tied:
+            failures.append(f"lm_head.weight {'exported' if tied else 'missing'} ({len(names)} tensors)")
 
     from transformers import AutoModelForCausalLM
 
     extra = {"experts_implementation": "eager"} if case == "deepseek_v3" else {}
     model, info = AutoModelForCausalLM.from_pretrained(hf_dir, output_loading_info=True, attn_implementation="eager",
                                                        **extra)
-    failures = [f"{kind}: {info[kind]}" for kind in ("missing_keys", "unexpected_keys", "mismatched_keys",
-                                                     "error_msgs") if info.get(kind)]
+    failures += [f"{kind}: {info[kind]}" for kind in ("missing_keys", "unexpected_keys", "mismatched_keys",
+                                                      "error_msgs") if info.get(kind)]
+    head, table = model.get_output_embeddings().weight, model.get_input_embeddings().weight
+    if tied and head.data_ptr() != table.data_ptr():
+        failures.append("transformers did not tie lm_head to embed_tokens")
     if model.dtype != torch.float32:
         failures.append(f"loaded as {model.dtype}, expected float32")
     model.eval()

@@ -116,6 +116,23 @@ TEST_F(PluginExport, LlamaQueryAndKeyRowsMoveFromInterleavedPairsToHalves) {
   EXPECT_EQ(config["rope_parameters"]["rope_theta"], 10000.0);
 }
 
+// Tied: the head is model.embed_tokens (transformers ties it from config.json), so no
+// lm_head.weight is written; untied exports say tie_word_embeddings = false.
+TEST_F(PluginExport, TiedLlamaExportsNoLmHeadAndSaysSo) {
+  Model& model = make("llama3", "flavor = \"tiny\"\ntie_embeddings = true");
+  State state = seeded_state(model);
+  ModelExport e = model.export_state("hf", state);
+  EXPECT_EQ(e.tensors.size(), state.size());
+  for (const auto& [name, tensor] : e.tensors) EXPECT_NE(name, "lm_head.weight");
+  EXPECT_TRUE(at::equal(named(e, "model.embed_tokens.weight"), named(state, "tok_embeddings.weight")));
+  EXPECT_EQ(nlohmann::json::parse(e.files.at("config.json"))["tie_word_embeddings"], true);
+
+  Model& untied = make("llama3", "flavor = \"tiny\"");
+  EXPECT_EQ(nlohmann::json::parse(
+                untied.export_state("hf", seeded_state(untied)).files.at("config.json"))["tie_word_embeddings"],
+            false);
+}
+
 TEST_F(PluginExport, DeepSeekFusesExpertsAndLeavesOutMtp) {
   Model& model = make("deepseek_v3_mtp", "flavor = \"tiny\"");
   State state = seeded_state(model);
