@@ -24,8 +24,8 @@ grep -q "replica guard: 5 check(s), every copy of every parameter bitwise equal"
 # Clipper hot-swap: save with norm_clipper, resume with the out-of-tree clipper, and back. The
 # norm_clipper's state (its step counters) rides through the value_clipper run unused and is
 # restored when norm_clipper returns; replicas stay bitwise equal throughout.
-swap() {  # swap RUN STEPS CLIPPER [LOAD]
-  local args=(--config "$here/job_swap.toml" --plugin-path "$work/build" --set "job.run_dir=\"$work/$1\""
+swap() {  # swap RUN STEPS CLIPPER [LOAD]; the job is $swap_job (default job_swap.toml)
+  local args=(--config "$here/${swap_job:-job_swap.toml}" --plugin-path "$work/build" --set "job.run_dir=\"$work/$1\""
     --set "training.steps=$2" --set "clipper.plugin=\"$3\"")
   [ -n "${4:-}" ] && args+=(--set "checkpoint.load=\"$work/$4\"")
   [ "$3" = value_clipper ] && args+=(--set clipper.clip_value=0.005)
@@ -47,6 +47,14 @@ grep -q "checkpoint saved with clipper 'value_clipper'; this run clips with 'nor
 grep -q "replica guard after load: every copy bitwise equal" <<< "$out"
 [ "$(clipper_steps swap3/checkpoints/step-12)" = 8 ]
 echo "clipper hot-swap: norm_clipper -> value_clipper -> norm_clipper, state carried"
+# The same swap with tied llama3: the head's REPLICA of the embedding stays bitwise equal to its
+# owner through the load and every step the out-of-tree clipper takes.
+out=$(swap_job=job_swap_tied.toml swap tied1 4 norm_clipper) || { echo "$out"; exit 1; }
+grep -q "replica guard: 4 check(s), every copy of every parameter bitwise equal" <<< "$out" || { echo "$out"; exit 1; }
+out=$(swap_job=job_swap_tied.toml swap tied2 8 value_clipper tied1/checkpoints/step-4) || { echo "$out"; exit 1; }
+grep -q "replica guard after load: every copy bitwise equal" <<< "$out" || { echo "$out"; exit 1; }
+grep -q "replica guard: 4 check(s), every copy of every parameter bitwise equal" <<< "$out" || { echo "$out"; exit 1; }
+echo "clipper hot-swap with tied llama3 at PP2: replicas bitwise equal"
 # The installed plugins are found without --plugin-path (the install's own plugin folder).
 "$work/prefix/bin/keel-plugin" inspect llama3 > /dev/null
 test -f "$work/prefix/include/keel/keel.h"
