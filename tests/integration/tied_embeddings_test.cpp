@@ -9,15 +9,17 @@
 #include <cmath>
 #include <cstdio>
 
+#include "checkpoint/checkpoint_reader.hpp"
 #include "job_runs.hpp"
 #include "tolerance.hpp"
 
 namespace keel {
 namespace {
 
-// The parallel suites' job on the tiny Llama 3 (2 layers), tied.
-std::string tied_job() {
-  std::string job = test::tiny_deepseek_job();
+// The parallel suites' job on the tiny Llama 3 (2 layers), tied; `checkpoint` holds extra
+// lines of the [checkpoint] table.
+std::string tied_job(const std::string& checkpoint = "") {
+  std::string job = test::tiny_deepseek_job(checkpoint);
   job.replace(job.find("deepseek_v3_mtp"), 15, "llama3");
   job.replace(job.find("n_layers = 4\n"), 13, "tie_embeddings = true\n");
   return job;
@@ -113,6 +115,48 @@ TEST(TiedLlama3, APerturbationAfterPostInitIsCaughtNamingTheTable) {
       << run.result.output;
 }
 
+// A tied PP2 DP2 checkpoint holds the table once; one rank and PP2 load it (the REPLICA loads
+// the owner's entry), re-save it bitwise and take the next step as the uninterrupted run did.
+TEST(TiedLlama3, APp2Dp2CheckpointResumesOnOneRankAndUnderPp2) {
+  test::TempDir dir;
+  const std::string job = tied_job("interval = 5\n");
+  test::JobRun source = test::run_job(dir, "source", 4, job, {"parallelism.pp=2", "parallelism.dp=2"});
+  ASSERT_EQ(source.result.status, 0) << source.result.output;
+  const std::string saved = source.dir + "/checkpoints/step-5";
+  CheckpointReader reader(saved);
+  EXPECT_TRUE(reader.has("model.tok_embeddings.weight"));
+  EXPECT_FALSE(reader.has("model.output.weight"));
+  const std::string load = "checkpoint.load=\\\"" + saved + "\\\"";
+
+  for (const auto& [name, ranks, layout] : {std::tuple{"single", 1, std::vector<std::string>{}},
+                                            std::tuple{"pp2", 2, std::vector<std::string>{"parallelism.pp=2"}}}) {
+    std::vector<std::string> resave = layout, next = layout;
+    resave.insert(resave.end(), {load, "training.steps=5"});
+    next.insert(next.end(), {load, "training.steps=6"});
+    test::JobRun resaved = test::run_job(dir, std::string(name) + "_resaved", ranks, job, resave);
+    ASSERT_EQ(resaved.result.status, 0) << resaved.result.output;
+    if (ranks > 1) {
+      EXPECT_NE(resaved.result.output.find("replica guard after load: every copy bitwise equal"), std::string::npos)
+          << resaved.result.output;
+    }
+    CheckpointReader again(resaved.dir + "/checkpoints/step-5");
+    size_t compared = 0;
+    for (const auto& [key, entry] : reader.manifest().entries) {
+      if (key.rfind("rng.", 0) == 0) continue;
+      ASSERT_TRUE(again.has(key)) << name << ": " << key;
+      EXPECT_TRUE(at::equal(reader.read_whole(key), again.read_whole(key))) << name << ": " << key;
+      ++compared;
+    }
+    EXPECT_GT(compared, 60u);
+
+    test::JobRun stepped = test::run_job(dir, std::string(name) + "_next", ranks, job, next);
+    ASSERT_EQ(stepped.result.status, 0) << stepped.result.output;
+    ASSERT_EQ(stepped.steps, (std::vector<int64_t>{6}));
+    EXPECT_NEAR(stepped.loss[0], source.loss[5], test::kLossRtol * source.loss[5]) << name;
+    EXPECT_NEAR(stepped.grad_norm[0], source.grad_norm[5], test::kLossRtol * source.grad_norm[5]) << name;
+  }
+}
+
 // The tied table is one logical parameter, fully activated (the head reads every row), counted
 // once whatever the layout; under PP2 the last stage holds its REPLICA.
 TEST(TiedLlama3, DryRunCountsTheTableOnceAndShowsTheReplica) {
@@ -140,6 +184,18 @@ TEST(TiedLlama3, DryRunCountsTheTableOnceAndShowsTheReplica) {
                             "buffers, REPLICA: tok_embeddings.weight"),
             std::string::npos)
       << pp2.output;
+}
+
+// The shipped tied PP2 DP2 job: the last stage's ranks hold the REPLICA.
+TEST(TiedLlama3, TheShippedPp2Dp2ConfigPutsTheReplicaOnTheLastStage) {
+  auto r = test::run_command(test::bin_dir() + "/keel-train --dry-run --plugin-path " + test::plugin_dir() +
+                             " --config " + test::source_dir() + "/configs/llama3_tied_pp2_dp2.toml");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("ranks 0,1: stage 0/2, layers 0-1 (2), 19 parameter tensors"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("ranks 2,3: stage 1/2, layers 2-3 (2), 20 parameter tensors (2.10 M elements here), 0 "
+                          "buffers, REPLICA: tok_embeddings.weight"),
+            std::string::npos)
+      << r.output;
 }
 
 }  // namespace
