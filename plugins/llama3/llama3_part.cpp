@@ -62,14 +62,17 @@ at::Tensor& Part::param(const std::string& fqn, std::vector<int64_t> shape, uint
 
 void Part::init_weights(uint64_t seed) {
   // torchtitan's Llama 3 init: N(0, 1) embeddings, N(0, 0.02) input projections, depth-scaled
-  // output projections, unit norms, and a dim^-1/2 truncated normal head. A tied table takes
-  // the head's rule: as the head, an N(0, 1) table would give logits of std ~sqrt(dim) (the
-  // normed h has RMS 1), a near one-hot softmax and a first loss far above ln(vocab); as the
-  // embedding, the pre-norm blocks see its rows through RMSNorm, whatever their scale. What
-  // tying itself adds at init: while the residual stream is mostly the input token's row, that
-  // token's logit is ~sqrt(dim) (the others' std is 1), so the first loss is above the untied
-  // one (tiny: 8.2 against 6.0) until the first steps unlearn it. The draw is keyed by the
-  // FQN, so a REPLICA starts with the owner's bits.
+  // output projections, unit norms, and a dim^-1/2 truncated normal head.
+  //
+  // A tied table is both ends at once. While the residual stream is mostly the input token's
+  // row e (at init it is), the normed h is e / rms(e), so the input token's own logit is
+  // h . e = dim std and every other logit has std sqrt(dim) std: N(0, 1) gives a self-logit of
+  // dim, the head's dim^-1/2 still sqrt(dim) (a first loss of 8.2 on tiny, 14.9 on debug, far
+  // above ln(vocab)). A 1/dim truncated normal makes the self-logit ~1 and the others ~0 at
+  // any width: the first loss is ln(vocab), as a zero head's, and after 80 steps of
+  // llama3_debug.toml it was 7.04 against 7.62 for dim^-1/2 (tiny, 150 steps: 1.70 / 1.73).
+  // The pre-norm blocks read its rows through RMSNorm, whatever their scale. The draw is
+  // keyed by the FQN, so a REPLICA starts with the owner's bits.
   const double depth_std = 0.02 / std::sqrt(2.0 * static_cast<double>(args_.n_layers));
   for (const auto& decl : parameters().decls()) {
     const std::string& fqn = decl->fqn;
@@ -80,7 +83,9 @@ void Part::init_weights(uint64_t seed) {
     };
     if (ends_with("norm.weight"))
       keel::init::constant_(t, 1.0);
-    else if (fqn == "output.weight" || (fqn == "tok_embeddings.weight" && args_.tie_embeddings))
+    else if (fqn == "tok_embeddings.weight" && args_.tie_embeddings)
+      keel::init::truncated_normal_(t, seed, fqn, 1.0 / static_cast<double>(args_.dim));
+    else if (fqn == "output.weight")
       keel::init::truncated_normal_(t, seed, fqn, 1.0 / std::sqrt(static_cast<double>(args_.dim)));
     else if (fqn == "tok_embeddings.weight")
       keel::init::normal_(t, seed, fqn, 1.0);

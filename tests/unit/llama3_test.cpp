@@ -3,6 +3,7 @@
 // REPLICA of the table on the last stage; the tied table's init; the key's validation.
 #include <gtest/gtest.h>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/GradMode.h>
 
 #include <cmath>
@@ -98,9 +99,9 @@ TEST_F(TiedLlama, TheLastOfTwoStagesHoldsAReplicaOfTheTable) {
   EXPECT_TRUE(u.count("output.weight"));
 }
 
-// The replica draws the owner's bits, which are the single stage's; the tied table takes the
-// head's dim^-1/2 truncated normal (the untied table stays N(0, 1)).
-TEST_F(TiedLlama, TheTableIsInitialisedAsTheHeadOnEveryStage) {
+// The replica draws the owner's bits, which are the single stage's; the tied table is a 1/dim
+// truncated normal (the untied table stays N(0, 1)).
+TEST_F(TiedLlama, TheTableIsInitialisedAlikeOnEveryStage) {
   auto split = make(kTied);
   ModelPart& s0 = split->build_part(spec(0, 2, 0, 1));
   ModelPart& s1 = split->build_part(spec(1, 2, 1, 1));
@@ -116,7 +117,7 @@ TEST_F(TiedLlama, TheTableIsInitialisedAsTheHeadOnEveryStage) {
       EXPECT_TRUE(at::equal(*p.tensor, reference.at(p.fqn))) << p.fqn;
     }
 
-  const double std = 1.0 / std::sqrt(64.0);
+  const double std = 1.0 / 64;
   const at::Tensor& table = reference.at("tok_embeddings.weight");
   EXPECT_LE(table.abs().max().item<double>(), 3 * std);
   EXPECT_NEAR(table.std().item<double>(), std, 0.05 * std);
@@ -130,9 +131,8 @@ TEST_F(TiedLlama, TheTableIsInitialisedAsTheHeadOnEveryStage) {
     }
 }
 
-// The head is the table: changing the row of a token absent from the input moves that
-// token's logit, exactly as h . row.
-TEST(TiedLlamaPart, TheHeadReadsTheEmbeddingTable) {
+// The tiny flavor, tied, as one seeded part holding the whole model.
+std::unique_ptr<llama3::Part> tiny_tied_part() {
   llama3::Args args;
   args.dim = 64, args.n_layers = 2, args.n_heads = 4, args.n_kv_heads = 2, args.ffn_hidden = 128;
   args.vocab_size = 256, args.rope_theta = 10000.0, args.tie_embeddings = true;
@@ -141,8 +141,16 @@ TEST(TiedLlamaPart, TheHeadReadsTheEmbeddingTable) {
   s.num_stages = 1;
   s.num_layers = 2;
   s.device_type = KEEL_DEVICE_CPU;
-  llama3::Part part(nullptr, args, s);
-  part.init_weights(3);
+  auto part = std::make_unique<llama3::Part>(nullptr, args, s);
+  part->init_weights(3);
+  return part;
+}
+
+// The head is the table: changing the row of a token absent from the input moves that
+// token's logit, exactly as h . row.
+TEST(TiedLlamaPart, TheHeadReadsTheEmbeddingTable) {
+  std::unique_ptr<llama3::Part> whole = tiny_tied_part();
+  llama3::Part& part = *whole;
   c10::NoGradGuard no_grad;
   at::Tensor tokens = at::arange(8, at::kLong).view({1, 8});  // tokens 0..7; row 200 is unused
   at::Tensor before = part.logits(tokens);
@@ -153,6 +161,20 @@ TEST(TiedLlamaPart, TheHeadReadsTheEmbeddingTable) {
   at::Tensor row = (after - before).select(-1, 200).abs().squeeze(0);
   EXPECT_TRUE(at::allclose(moved, row)) << "only token 200's logit moves";
   EXPECT_GT(row.min().item<double>(), 0.0);
+}
+
+// At init the tied model's logits are near uniform: the first loss is ln(vocab), not the
+// ~sqrt(dim) self-logit's (8.2 on tiny) that the head's dim^-1/2 rule would give.
+TEST(TiedLlamaPart, TheFirstLossIsLnVocab) {
+  std::unique_ptr<llama3::Part> whole = tiny_tied_part();
+  llama3::Part& part = *whole;
+  c10::NoGradGuard no_grad;
+  at::Generator gen = at::detail::createCPUGenerator(11);
+  at::Tensor tokens = at::randint(256, {4, 33}, gen, at::kLong);
+  at::Tensor logits = part.logits(tokens.slice(1, 0, 32));
+  const double loss =
+      at::cross_entropy_loss(logits.reshape({-1, 256}), tokens.slice(1, 1).reshape({-1})).item<double>();
+  EXPECT_NEAR(loss, std::log(256.0), 0.1);
 }
 
 TEST_F(TiedLlama, ANonBooleanTieEmbeddingsIsAConfigErrorNamingTheKey) {
