@@ -20,6 +20,8 @@ namespace {
 
 class DeepSeekV3 {
  public:
+  static constexpr const char* export_formats = "hf";
+
   static std::unique_ptr<DeepSeekV3> create(keel::Host host, keel::Config& config) {
     deepseek_v3::Args args = deepseek_v3::read_args(config);
     keel_mesh_info mesh = host.mesh();

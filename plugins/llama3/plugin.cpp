@@ -18,6 +18,8 @@ namespace {
 
 class Llama3 {
  public:
+  static constexpr const char* export_formats = "hf";
+
   static std::unique_ptr<Llama3> create(keel::Host host, keel::Config& config) {
     return std::unique_ptr<Llama3>(new Llama3(host, llama3::read_args(config)));
   }

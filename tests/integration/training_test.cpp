@@ -157,7 +157,7 @@ save_final = false
     run.mtp_losses.push_back(metrics.at("mtp_loss"));
   }
   for (const ParamRef& b : job.parts().front()->buffers())
-    if (b.fqn == "layers.1.moe.expert_bias") run.bias = b.tensor->clone();
+    if (b.fqn() == "layers.1.moe.expert_bias") run.bias = b.tensor().clone();
   return run;
 }
 

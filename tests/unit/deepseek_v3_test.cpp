@@ -61,29 +61,29 @@ TEST_F(DeepSeekModel, TwoStagePartsHoldTheEmbeddingReplicaUnderTheSameFqn) {
   ModelPart& first = model->build_part(spec(0, 2, 0, 2));
   ModelPart& last = model->build_part(spec(1, 2, 2, 1));
   std::map<std::string, const ParamRef*> a, b;
-  for (const ParamRef& p : first.parameters()) a[p.fqn] = &p;
-  for (const ParamRef& p : last.parameters()) b[p.fqn] = &p;
+  for (const ParamRef& p : first.parameters()) a[p.fqn()] = &p;
+  for (const ParamRef& p : last.parameters()) b[p.fqn()] = &p;
 
   ASSERT_TRUE(a.count("tok_embeddings.weight"));
   ASSERT_TRUE(b.count("tok_embeddings.weight"));
   EXPECT_FALSE(a["tok_embeddings.weight"]->replica());
   EXPECT_TRUE(b["tok_embeddings.weight"]->replica());
-  EXPECT_EQ(a["tok_embeddings.weight"]->tensor->sizes(), b["tok_embeddings.weight"]->tensor->sizes());
-  EXPECT_EQ(b["tok_embeddings.weight"]->tensor->sizes(), (at::IntArrayRef{256, 64}));
+  EXPECT_EQ(a["tok_embeddings.weight"]->tensor().sizes(), b["tok_embeddings.weight"]->tensor().sizes());
+  EXPECT_EQ(b["tok_embeddings.weight"]->tensor().sizes(), (at::IntArrayRef{256, 64}));
   // Layers 0-1 on the first stage; layer 2, the head and MTP on the last.
   EXPECT_TRUE(a.count("layers.1.moe.router.gate.weight"));
   EXPECT_TRUE(a.count("layers.0.feed_forward.w1.weight"));
   EXPECT_FALSE(a.count("output.weight") || a.count("norm.weight") || a.count("mtp.0.eh_proj.weight"));
   EXPECT_TRUE(b.count("layers.2.attention.wkv_a.weight"));
-  EXPECT_EQ(b["output.weight"]->tensor->sizes(), (at::IntArrayRef{256, 64}));
-  EXPECT_EQ(b["mtp.0.eh_proj.weight"]->tensor->sizes(), (at::IntArrayRef{64, 128}));
-  EXPECT_EQ(b["mtp.0.eh_proj.weight"]->module_group, "mtp");
+  EXPECT_EQ(b["output.weight"]->tensor().sizes(), (at::IntArrayRef{256, 64}));
+  EXPECT_EQ(b["mtp.0.eh_proj.weight"]->tensor().sizes(), (at::IntArrayRef{64, 128}));
+  EXPECT_EQ(b["mtp.0.eh_proj.weight"]->module_group(), "mtp");
   // Expert tensors are flagged and placed in their global tensor.
   const ParamRef& w1 = *b["layers.2.moe.experts.w1"];
   EXPECT_TRUE(w1.expert());
-  EXPECT_EQ(w1.shard_dim, 0);
-  EXPECT_EQ(w1.global_dim_size, 8);
-  EXPECT_EQ(w1.tensor->sizes(), (at::IntArrayRef{8, 32, 64}));
+  EXPECT_EQ(w1.shard_dim(), 0);
+  EXPECT_EQ(w1.global_dim_size(), 8);
+  EXPECT_EQ(w1.tensor().sizes(), (at::IntArrayRef{8, 32, 64}));
   // No FQN but the embedding appears on both stages.
   for (const auto& [fqn, p] : a) {
     if (fqn != "tok_embeddings.weight") {
@@ -93,8 +93,8 @@ TEST_F(DeepSeekModel, TwoStagePartsHoldTheEmbeddingReplicaUnderTheSameFqn) {
   // The expert bias is a persistent buffer; the load counter is not.
   bool bias = false, load = false;
   for (const ParamRef& buf : last.buffers()) {
-    if (buf.fqn == "layers.2.moe.expert_bias") bias = buf.persistent();
-    if (buf.fqn == "layers.2.moe.tokens_per_expert") load = !buf.persistent();
+    if (buf.fqn() == "layers.2.moe.expert_bias") bias = buf.persistent();
+    if (buf.fqn() == "layers.2.moe.tokens_per_expert") load = !buf.persistent();
   }
   EXPECT_TRUE(bias && load);
 }
@@ -109,10 +109,10 @@ TEST_F(DeepSeekModel, InitIsTheSameOnEitherStageAndOnASingleStage) {
   ModelPart& whole = whole_model->build_part(spec(0, 1, 0, 3));
   whole.init_weights(3);
   std::map<std::string, at::Tensor> reference;
-  for (const ParamRef& p : whole.parameters()) reference[p.fqn] = *p.tensor;
+  for (const ParamRef& p : whole.parameters()) reference[p.fqn()] = p.tensor();
   for (ModelPart* part : {&s0, &s1}) {
     for (const ParamRef& p : part->parameters()) {
-      EXPECT_TRUE(at::equal(*p.tensor, reference.at(p.fqn))) << p.fqn;
+      EXPECT_TRUE(at::equal(p.tensor(), reference.at(p.fqn()))) << p.fqn();
     }
   }
 }
@@ -124,7 +124,7 @@ TEST_F(DeepSeekModel, InitIsTorchtitansDepthScaledPerBlock) {
   ModelPart& part = model->build_part(spec(0, 1, 0, 3));
   part.init_weights(7);
   std::map<std::string, at::Tensor> weights;
-  for (const ParamRef& p : part.parameters()) weights[p.fqn] = *p.tensor;
+  for (const ParamRef& p : part.parameters()) weights[p.fqn()] = p.tensor();
   auto expect_drawn = [&](const std::string& fqn, int64_t layer_or_input, int64_t expert = -1) {
     const double std = layer_or_input < 0 ? 0.02 : 0.02 / std::sqrt(2.0 * static_cast<double>(layer_or_input + 1));
     at::Tensor actual = expert < 0 ? weights.at(fqn) : weights.at(fqn)[expert];
@@ -176,8 +176,8 @@ TEST_F(DeepSeekModel, PostStepMovesTheBiasTowardsUnderloadedExperts) {
   part.init_weights(1);
   at::Tensor *load = nullptr, *bias = nullptr;
   for (const ParamRef& b : part.buffers()) {
-    if (b.fqn == "layers.1.moe.tokens_per_expert") load = b.tensor;
-    if (b.fqn == "layers.1.moe.expert_bias") bias = b.tensor;
+    if (b.fqn() == "layers.1.moe.tokens_per_expert") load = &b.tensor();
+    if (b.fqn() == "layers.1.moe.expert_bias") bias = &b.tensor();
   }
   ASSERT_TRUE(load && bias);
   load->copy_(at::tensor({10.f, 0.f, 5.f, 5.f, 5.f, 5.f, 5.f, 5.f}));  // expert 0 over, expert 1 under

@@ -45,7 +45,7 @@ class TiedLlama : public ::testing::Test {
   }
   static std::map<std::string, const ParamRef*> by_fqn(ModelPart& part) {
     std::map<std::string, const ParamRef*> out;
-    for (const ParamRef& p : part.parameters()) out[p.fqn] = &p;
+    for (const ParamRef& p : part.parameters()) out[p.fqn()] = &p;
     return out;
   }
 
@@ -63,14 +63,14 @@ TEST_F(TiedLlama, ASingleStageHasOneTableAndNoOutputWeight) {
   EXPECT_FALSE(whole.count("output.weight"));
   ASSERT_TRUE(whole.count("tok_embeddings.weight"));
   EXPECT_FALSE(whole["tok_embeddings.weight"]->replica());
-  EXPECT_EQ(whole["tok_embeddings.weight"]->active_fraction, 1.0) << "the head reads every row";
+  EXPECT_EQ(whole["tok_embeddings.weight"]->active_fraction(), 1.0) << "the head reads every row";
   EXPECT_TRUE(whole.count("norm.weight"));
   EXPECT_EQ(whole.size(), 20u);  // untied: 21, with output.weight
 
   auto untied = make("flavor = \"tiny\"\n");
   auto u = by_fqn(untied->build_part(spec(0, 1, 0, 2)));
   EXPECT_TRUE(u.count("output.weight"));
-  EXPECT_DOUBLE_EQ(u["tok_embeddings.weight"]->active_fraction, 1.0 / 256);
+  EXPECT_DOUBLE_EQ(u["tok_embeddings.weight"]->active_fraction(), 1.0 / 256);
 }
 
 TEST_F(TiedLlama, TheLastOfTwoStagesHoldsAReplicaOfTheTable) {
@@ -81,8 +81,8 @@ TEST_F(TiedLlama, TheLastOfTwoStagesHoldsAReplicaOfTheTable) {
   ASSERT_TRUE(last.count("tok_embeddings.weight"));
   EXPECT_FALSE(first["tok_embeddings.weight"]->replica());
   EXPECT_TRUE(last["tok_embeddings.weight"]->replica());
-  EXPECT_EQ(last["tok_embeddings.weight"]->tensor->sizes(), (at::IntArrayRef{256, 64}));
-  EXPECT_EQ(last["tok_embeddings.weight"]->active_fraction, 1.0);
+  EXPECT_EQ(last["tok_embeddings.weight"]->tensor().sizes(), (at::IntArrayRef{256, 64}));
+  EXPECT_EQ(last["tok_embeddings.weight"]->active_fraction(), 1.0);
   EXPECT_FALSE(first.count("output.weight") || first.count("norm.weight"));
   EXPECT_FALSE(last.count("output.weight"));
   EXPECT_TRUE(last.count("norm.weight"));
@@ -111,10 +111,10 @@ TEST_F(TiedLlama, TheTableIsInitialisedAlikeOnEveryStage) {
   ModelPart& whole = whole_model->build_part(spec(0, 1, 0, 2));
   whole.init_weights(3);
   std::map<std::string, at::Tensor> reference;
-  for (const ParamRef& p : whole.parameters()) reference[p.fqn] = *p.tensor;
+  for (const ParamRef& p : whole.parameters()) reference[p.fqn()] = p.tensor();
   for (ModelPart* part : {&s0, &s1})
     for (const ParamRef& p : part->parameters()) {
-      EXPECT_TRUE(at::equal(*p.tensor, reference.at(p.fqn))) << p.fqn;
+      EXPECT_TRUE(at::equal(p.tensor(), reference.at(p.fqn()))) << p.fqn();
     }
 
   const double std = 1.0 / 64;
@@ -126,8 +126,8 @@ TEST_F(TiedLlama, TheTableIsInitialisedAlikeOnEveryStage) {
   ModelPart& untied = untied_model->build_part(spec(0, 1, 0, 2));
   untied.init_weights(3);
   for (const ParamRef& p : untied.parameters())
-    if (p.fqn == "tok_embeddings.weight") {
-      EXPECT_NEAR(p.tensor->std().item<double>(), 1.0, 0.05);
+    if (p.fqn() == "tok_embeddings.weight") {
+      EXPECT_NEAR(p.tensor().std().item<double>(), 1.0, 0.05);
     }
 }
 

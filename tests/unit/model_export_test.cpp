@@ -39,9 +39,9 @@ class PluginExport : public ::testing::Test {
     ModelPart& part = model.build_part(spec);
     part.init_weights(5);
     State state;
-    for (const ParamRef& p : part.parameters()) state.emplace_back(p.fqn, p.tensor->detach());
+    for (const ParamRef& p : part.parameters()) state.emplace_back(p.fqn(), p.tensor().detach());
     for (const ParamRef& b : part.buffers())
-      if (b.persistent()) state.emplace_back(b.fqn, b.tensor->detach());
+      if (b.persistent()) state.emplace_back(b.fqn(), b.tensor().detach());
     return state;
   }
   static std::string refusal(Model& model, const std::string& format, const State& state) {
