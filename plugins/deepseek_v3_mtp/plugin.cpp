@@ -22,16 +22,12 @@ class DeepSeekV3 {
  public:
   static constexpr const char* export_formats = "hf";
 
-  static std::unique_ptr<DeepSeekV3> create(keel::Host host, keel::Config& config) {
-    deepseek_v3::Args args = deepseek_v3::read_args(config);
-    keel_mesh_info mesh = host.mesh();
-    if (args.n_routed_experts % mesh.ep != 0)
-      config.invalid("n_routed_experts", "must be divisible by parallelism.ep (" + std::to_string(mesh.ep) + "), got " +
-                                             std::to_string(args.n_routed_experts));
-    return std::unique_ptr<DeepSeekV3>(new DeepSeekV3(host, args, mesh));
+  DeepSeekV3(keel::Host host, keel::Config& config)
+      : host_(host), args_(deepseek_v3::read_args(config)), mesh_(host.mesh()) {
+    if (args_.n_routed_experts % mesh_.ep != 0)
+      config.invalid("n_routed_experts", "must be divisible by parallelism.ep (" + std::to_string(mesh_.ep) +
+                                             "), got " + std::to_string(args_.n_routed_experts));
   }
-
-  keel::Host host() const { return host_; }
 
   keel_model_info info() const {
     keel_model_info info{};
@@ -84,8 +80,6 @@ class DeepSeekV3 {
   }
 
  private:
-  DeepSeekV3(keel::Host host, deepseek_v3::Args args, keel_mesh_info mesh) : host_(host), args_(args), mesh_(mesh) {}
-
   keel::Host host_;
   deepseek_v3::Args args_;
   keel_mesh_info mesh_;
@@ -95,7 +89,7 @@ class DeepSeekV3 {
 
 }  // namespace
 
-KEEL_PLUGIN("deepseek_v3_mtp", "1.1.0",
+KEEL_PLUGIN("deepseek_v3_mtp", "1.2.0",
             keel::model_component<DeepSeekV3>("deepseek_v3_mtp",
                                               "DeepSeek-V3: MLA, DeepSeekMoE with aux-loss-free balancing, "
                                               "multi-token prediction",

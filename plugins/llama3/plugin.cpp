@@ -20,10 +20,8 @@ class Llama3 {
  public:
   static constexpr const char* export_formats = "hf";
 
-  static std::unique_ptr<Llama3> create(keel::Host host, keel::Config& config) {
-    return std::unique_ptr<Llama3>(new Llama3(host, llama3::read_args(config)));
-  }
-  keel::Host host() const { return host_; }
+  Llama3(keel::Host host, keel::Config& config) : host_(host), args_(llama3::read_args(config)) {}
+
   keel_model_info info() const {
     keel_model_info info{};
     info.vocab_size = args_.vocab_size;
@@ -45,7 +43,6 @@ class Llama3 {
   }
 
  private:
-  Llama3(keel::Host host, llama3::Args args) : host_(host), args_(args) {}
   keel::Host host_;
   llama3::Args args_;
   keel::StageReplicas embeddings_;
@@ -54,6 +51,6 @@ class Llama3 {
 
 }  // namespace
 
-KEEL_PLUGIN("llama3", "1.1.0",
+KEEL_PLUGIN("llama3", "1.2.0",
             keel::model_component<Llama3>("llama3", "Llama 3 (RMSNorm, RoPE, grouped-query attention, SwiGLU)",
                                           KEEL_HOOK_PRE_CLIP_CAPTURE_SAFE))

@@ -9,11 +9,17 @@
 //   keel/part.hpp        parameter declaration and the Part base class of a model part
 //   keel/export.hpp      ExportSink and helpers shared by export formats
 //   keel/plugin.hpp      model_component, clipper_component and KEEL_PLUGIN
+//   keel/fields.hpp      a model's sizes as data: field rows and flavor rows
+//   keel/replica.hpp     StageReplicas: a parameter held on the first and the last stage
+// keel/init.hpp (init rules) comes with part.hpp; keel/autograd.hpp (differentiable
+// collectives) is included on its own, as it pulls in LibTorch's autograd headers.
 #pragma once
 
 #include <keel/keel.h>
 #include <keel/export.hpp>
+#include <keel/fields.hpp>
 #include <keel/host.hpp>
 #include <keel/param_view.hpp>
 #include <keel/part.hpp>
 #include <keel/plugin.hpp>
+#include <keel/replica.hpp>
