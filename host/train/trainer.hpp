@@ -1,4 +1,4 @@
-// The training loop of one rank, in DESIGN's step order:
+// The training loop of one rank, in keel.h's call sequence:
 //   schedule (forward/backward over microbatches and pipeline stages) -> DP gradient reduction
 //   -> the step program (model.pre_clip -> clipper.clip -> non-finite check -> AdamW; a CUDA
 //   graph on CUDA) -> model.post_step
