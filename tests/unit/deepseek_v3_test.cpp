@@ -11,6 +11,7 @@
 #include "config/config_tree.hpp"
 #include "mesh/mesh.hpp"
 #include "metrics/step_metrics.hpp"
+#include "model_fixture.hpp"
 #include "plugins/components.hpp"
 #include "plugins/plugin_registry.hpp"
 #include "test_support.hpp"
@@ -20,27 +21,9 @@
 namespace keel {
 namespace {
 
-class DeepSeekModel : public ::testing::Test {
+class DeepSeekModel : public test::ModelFixture {
  protected:
-  std::unique_ptr<Model> make(const std::string& table) {
-    tree_ = std::make_unique<ConfigTree>(ConfigTree::from_string("[model]\n" + table, "job.toml"));
-    section_ = std::make_unique<ConfigSection>(tree_->section("model"));
-    PluginRegistry registry({test::plugin_dir()});
-    const keel_component& c = registry.component("deepseek_v3_mtp", "deepseek_v3_mtp", KEEL_COMPONENT_MODEL);
-    auto model = std::make_unique<Model>(c, "deepseek_v3_mtp", *section_, HostServices{&mesh_, &metrics_});
-    tree_->check_all_read();
-    return model;
-  }
-  static keel_part_spec spec(int stage, int stages, int first, int count) {
-    keel_part_spec s{};
-    s.struct_size = sizeof(s);
-    s.stage_index = stage;
-    s.num_stages = stages;
-    s.first_layer = first;
-    s.num_layers = count;
-    s.device_type = KEEL_DEVICE_CPU;
-    return s;
-  }
+  DeepSeekModel() : ModelFixture("deepseek_v3_mtp") {}
   std::string error(const std::string& table) {
     try {
       make(table);
@@ -49,11 +32,6 @@ class DeepSeekModel : public ::testing::Test {
     }
     return "";
   }
-
-  Mesh mesh_{MeshLayout::compute(1, 1, 1, 0)};
-  StepMetrics metrics_;
-  std::unique_ptr<ConfigTree> tree_;
-  std::unique_ptr<ConfigSection> section_;
 };
 
 TEST_F(DeepSeekModel, TwoStagePartsHoldTheEmbeddingReplicaUnderTheSameFqn) {

@@ -15,6 +15,7 @@
 #include "llama3_part.hpp"
 #include "mesh/mesh.hpp"
 #include "metrics/step_metrics.hpp"
+#include "model_fixture.hpp"
 #include "plugins/components.hpp"
 #include "plugins/plugin_registry.hpp"
 #include "test_support.hpp"
@@ -22,37 +23,14 @@
 namespace keel {
 namespace {
 
-class TiedLlama : public ::testing::Test {
+class TiedLlama : public test::ModelFixture {
  protected:
-  std::unique_ptr<Model> make(const std::string& table) {
-    tree_ = std::make_unique<ConfigTree>(ConfigTree::from_string("[model]\n" + table, "job.toml"));
-    section_ = std::make_unique<ConfigSection>(tree_->section("model"));
-    PluginRegistry registry({test::plugin_dir()});
-    const keel_component& c = registry.component("llama3", "llama3", KEEL_COMPONENT_MODEL);
-    auto model = std::make_unique<Model>(c, "llama3", *section_, HostServices{&mesh_, &metrics_});
-    tree_->check_all_read();
-    return model;
-  }
-  static keel_part_spec spec(int stage, int stages, int first, int count) {
-    keel_part_spec s{};
-    s.struct_size = sizeof(s);
-    s.stage_index = stage;
-    s.num_stages = stages;
-    s.first_layer = first;
-    s.num_layers = count;
-    s.device_type = KEEL_DEVICE_CPU;
-    return s;
-  }
+  TiedLlama() : ModelFixture("llama3") {}
   static std::map<std::string, const ParamRef*> by_fqn(ModelPart& part) {
     std::map<std::string, const ParamRef*> out;
     for (const ParamRef& p : part.parameters()) out[p.fqn()] = &p;
     return out;
   }
-
-  Mesh mesh_{MeshLayout::compute(1, 1, 1, 0)};
-  StepMetrics metrics_;
-  std::unique_ptr<ConfigTree> tree_;
-  std::unique_ptr<ConfigSection> section_;
 };
 
 const char* const kTied = "flavor = \"tiny\"\ntie_embeddings = true\n";
