@@ -1,10 +1,13 @@
 // Trainer setup (the constructor, in the order of DESIGN's call sequence) and one step.
 #include "train/trainer.hpp"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/GradMode.h>
+#include <keel/init.hpp>
 
 #include <chrono>
 #include <limits>
+#include <mutex>
 
 #include "common/error.hpp"
 #include "common/log.hpp"
@@ -56,6 +59,13 @@ Trainer::Trainer(Job& job) : job_(job) {
 
 void Trainer::init_parameters() {
   const JobConfig& c = job_.config();
+  // The default CPU generator is what an unseeded draw in a plugin (dropout, say) uses and what
+  // a checkpoint saves as rng.cpu.rank<N>; left alone, its state differs between two runs of
+  // one config. Seeded from the job's seed and the rank, every run draws the same numbers.
+  const int rank = job_.mesh().layout().rank;
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_current_seed(init::seed_for(c.training.seed, "rng.cpu", static_cast<int64_t>(rank)));
   for (ModelPart* part : job_.parts()) {
     part->init_weights(c.training.seed);
     for (const ParamRef& p : part->parameters()) params_.push_back(p);

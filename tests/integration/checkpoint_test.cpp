@@ -71,6 +71,23 @@ void expect_bitwise_resume(int ranks, const std::vector<std::string>& layout) {
 
 TEST(Checkpoint, ResumeIsBitwiseExactOnOneRank) { expect_bitwise_resume(1, {}); }
 
+TEST(Checkpoint, TwoRunsOfOneConfigSaveTheSameBitsRandomStatesIncluded) {
+  // The default CPU generator was left unseeded: its state (rng.cpu.rank<N>) differed between
+  // two runs of one config, and so would an unseeded draw in a plugin.
+  test::TempDir dir;
+  JobRun a = test::run_job(dir, "a", 2, kJob, {"parallelism.dp=2", "training.steps=5"});
+  JobRun b = test::run_job(dir, "b", 2, kJob, {"parallelism.dp=2", "training.steps=5"});
+  ASSERT_EQ(a.result.status, 0) << a.result.output;
+  ASSERT_EQ(b.result.status, 0) << b.result.output;
+  CheckpointReader x(a.dir + "/checkpoints/step-5"), y(b.dir + "/checkpoints/step-5");
+  size_t random_states = 0;
+  for (const auto& [key, entry] : x.manifest().entries) {
+    EXPECT_TRUE(at::equal(x.read_whole(key), y.read_whole(key))) << key;
+    random_states += key.rfind("rng.", 0) == 0 ? 1 : 0;
+  }
+  EXPECT_EQ(random_states, 2u);
+}
+
 TEST(Checkpoint, ResumeIsBitwiseExactUnderPp2Dp2Ep2) { expect_bitwise_resume(4, kPp2Dp2Ep2); }
 
 // A checkpoint saved under PP2 DP2 EP2 resumed under `layout`: the loaded state re-saved at
