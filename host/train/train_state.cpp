@@ -146,7 +146,8 @@ std::vector<TensorPiece> TrainState::checkpoint_pieces() const {
     add(state_keys::exp_avg + p.fqn(), p, optimizer_->exp_avg()[i]);
     add(state_keys::exp_avg_sq + p.fqn(), p, optimizer_->exp_avg_sq()[i]);
     // Every shard of a parameter counts the same steps: the first shard's count stands for all.
-    if (p.shard_dim() < 0 || p.shard_offset() == 0) pieces.push_back({state_keys::step + p.fqn(), optimizer_->steps()[i]});
+    if (p.shard_dim() < 0 || p.shard_offset() == 0)
+      pieces.push_back({state_keys::step + p.fqn(), optimizer_->steps()[i]});
   }
   const int rank = job_.mesh().layout().rank;
   if (rank == 0) {

@@ -86,7 +86,8 @@ int64_t TrainState::load_training_state(CheckpointReader& reader) {
   const Manifest& m = reader.manifest();
   for (size_t i = 0; i < params_.size(); ++i) {
     const ParamRef& p = params_[i];
-    reader.read(state_keys::exp_avg + p.fqn(), optimizer_->exp_avg()[i], p.shard_dim(), p.shard_offset(), p.global_dim_size());
+    reader.read(state_keys::exp_avg + p.fqn(), optimizer_->exp_avg()[i], p.shard_dim(), p.shard_offset(),
+                p.global_dim_size());
     reader.read(state_keys::exp_avg_sq + p.fqn(), optimizer_->exp_avg_sq()[i], p.shard_dim(), p.shard_offset(),
                 p.global_dim_size());
     reader.read(state_keys::step + p.fqn(), optimizer_->steps()[i]);

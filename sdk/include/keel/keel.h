@@ -519,9 +519,9 @@ typedef struct keel_clipper_vtable {
  * runs longer than KEEL_MAX_EXTENSIONS, and reads nothing of an extension beyond its
  * struct_size. New optional features are new types, never new vtable fields. */
 typedef struct keel_extension {
-  size_t struct_size; /* of the whole extension struct (header included)                */
-  int32_t type;       /* a KEEL_EXTENSION_* value                                          */
-  const struct keel_extension* next; /* NULL ends the chain                                */
+  size_t struct_size;                /* of the whole extension struct (header included) */
+  int32_t type;                      /* a KEEL_EXTENSION_* value                         */
+  const struct keel_extension* next; /* NULL ends the chain                              */
 } keel_extension;
 
 #define KEEL_MAX_EXTENSIONS 64
