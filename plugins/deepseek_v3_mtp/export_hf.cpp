@@ -12,10 +12,6 @@ namespace {
 
 const std::string kFusedFirst = "moe.experts.w1", kFusedSecond = "moe.experts.w3";
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // Within a block: Keel's module path -> transformers' (DeepseekV3DecoderLayer).
 const std::map<std::string, std::string>& block_names() {
   static const std::map<std::string, std::string> names = {
@@ -138,8 +134,8 @@ void export_hf(const keel::Host& host, const Args& args, const std::map<std::str
       ++mtp_tensors;
       continue;
     }
-    if (ends_with(fqn, kFusedSecond)) continue;  // fused with its w1
-    if (ends_with(fqn, kFusedFirst)) {
+    if (fqn.ends_with(kFusedSecond)) continue;  // fused with its w1
+    if (fqn.ends_with(kFusedFirst)) {
       const std::string block = fqn.substr(0, fqn.size() - kFusedFirst.size());
       // [experts, 2 * moe_hidden, dim]: gate rows first, then up rows.
       sink.tensor("model." + block + "mlp.experts.gate_up_proj", at::cat({tensor, state.at(block + kFusedSecond)}, 1));

@@ -14,14 +14,12 @@ namespace keel::ckpt {
 
 namespace {
 
-bool starts_with(const std::string& s, const std::string& prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
-
 // The per-rank generator states depend on the layout, not on the training: left out unless a
 // prefix asks for them.
 bool compared(const std::string& key, const DiffOptions& options) {
-  if (options.prefixes.empty()) return !starts_with(key, "rng.");
+  if (options.prefixes.empty()) return !key.starts_with("rng.");
   for (const std::string& prefix : options.prefixes)
-    if (starts_with(key, prefix)) return true;
+    if (key.starts_with(prefix)) return true;
   return false;
 }
 
