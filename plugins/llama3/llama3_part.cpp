@@ -21,78 +21,55 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
 
 }  // namespace
 
+// torchtitan's Llama 3 init, each rule at its declaration: N(0, 1) embeddings, N(0, 0.02)
+// input projections, depth-scaled output projections (wo, w2, w3), unit norms, and a dim^-1/2
+// truncated normal head.
+//
+// A tied table is both ends at once. While the residual stream is mostly the input token's
+// row e (at init it is), the normed h is e / rms(e), so the input token's own logit is
+// h . e = dim std and every other logit has std sqrt(dim) std: N(0, 1) gives a self-logit of
+// dim, the head's dim^-1/2 still sqrt(dim) (a first loss of 8.2 on tiny, 14.9 on debug, far
+// above ln(vocab)). A 1/dim truncated normal makes the self-logit ~1 and the others ~0 at
+// any width: the first loss is ln(vocab), as a zero head's, and after 80 steps of
+// llama3_debug.toml it was 7.04 against 7.62 for dim^-1/2 (tiny, 150 steps: 1.70 / 1.73).
+// The pre-norm blocks read its rows through RMSNorm, whatever their scale. The draw is
+// keyed by the FQN, so a REPLICA starts with the owner's bits.
 Part::Part(keel_host* host, const Args& args, const keel_part_spec& spec)
-    : keel::Part(host), args_(args), spec_(spec), options_(keel::part_options(spec)), first_(spec.stage_index == 0) {
+    : keel::Part(host, keel::part_options(spec)), args_(args), spec_(spec), first_(spec.stage_index == 0) {
+  using keel::init::Constant, keel::init::Normal, keel::init::TruncatedNormal;
   const int64_t d = args.dim, hd = args.head_dim();
   const bool last = spec.stage_index == spec.num_stages - 1;
+  const double dim = static_cast<double>(d);
+  const TruncatedNormal projection{0.02}, depth_scaled{0.02 / std::sqrt(2.0 * static_cast<double>(args.n_layers))};
+  const Constant unit{1.0};
   if (first_ || (last && args.tie_embeddings)) {
     // A token reads one row of the table: 1 / vocab of it is "activated"; a tied head reads
     // all of it.
-    const double active = args.tie_embeddings ? 1.0 : 1.0 / static_cast<double>(args.vocab_size);
-    tok_embeddings_ = &param("tok_embeddings.weight", {args.vocab_size, d}, first_ ? 0 : KEEL_PARAM_REPLICA, active);
+    const keel::init::Rule rule = args.tie_embeddings ? keel::init::Rule{TruncatedNormal{1.0 / dim}} : Normal{1.0};
+    const keel::ParamOptions options{
+        .flags = first_ ? 0u : uint32_t{KEEL_PARAM_REPLICA},
+        .active_fraction = args.tie_embeddings ? 1.0 : 1.0 / static_cast<double>(args.vocab_size)};
+    tok_embeddings_ = &param("tok_embeddings.weight", {args.vocab_size, d}, rule, options);
   }
   for (int i = spec.first_layer; i < spec.first_layer + spec.num_layers; ++i) {
     std::string p = "layers." + std::to_string(i) + ".";
     Block b{};
-    b.attention_norm = &param(p + "attention_norm.weight", {d});
-    b.wq = &param(p + "attention.wq.weight", {args.n_heads * hd, d});
-    b.wk = &param(p + "attention.wk.weight", {args.n_kv_heads * hd, d});
-    b.wv = &param(p + "attention.wv.weight", {args.n_kv_heads * hd, d});
-    b.wo = &param(p + "attention.wo.weight", {d, args.n_heads * hd});
-    b.ffn_norm = &param(p + "ffn_norm.weight", {d});
-    b.w1 = &param(p + "feed_forward.w1.weight", {args.ffn_hidden, d});
-    b.w2 = &param(p + "feed_forward.w2.weight", {d, args.ffn_hidden});
-    b.w3 = &param(p + "feed_forward.w3.weight", {args.ffn_hidden, d});
+    b.attention_norm = &param(p + "attention_norm.weight", {d}, unit);
+    b.wq = &param(p + "attention.wq.weight", {args.n_heads * hd, d}, projection);
+    b.wk = &param(p + "attention.wk.weight", {args.n_kv_heads * hd, d}, projection);
+    b.wv = &param(p + "attention.wv.weight", {args.n_kv_heads * hd, d}, projection);
+    b.wo = &param(p + "attention.wo.weight", {d, args.n_heads * hd}, depth_scaled);
+    b.ffn_norm = &param(p + "ffn_norm.weight", {d}, unit);
+    b.w1 = &param(p + "feed_forward.w1.weight", {args.ffn_hidden, d}, projection);
+    b.w2 = &param(p + "feed_forward.w2.weight", {d, args.ffn_hidden}, depth_scaled);
+    b.w3 = &param(p + "feed_forward.w3.weight", {args.ffn_hidden, d}, depth_scaled);
     blocks_.push_back(b);
   }
   if (last) {
-    norm_ = &param("norm.weight", {d});
-    output_ = args.tie_embeddings ? tok_embeddings_ : &param("output.weight", {args.vocab_size, d});
-  }
-}
-
-at::Tensor& Part::param(const std::string& fqn, std::vector<int64_t> shape, uint32_t flags, double active_fraction) {
-  keel::ParamDecl decl;
-  decl.fqn = fqn;
-  decl.tensor = at::empty(shape, options_).requires_grad_(true);
-  decl.flags = flags;
-  decl.active_fraction = active_fraction;
-  return parameters().add(std::move(decl));
-}
-
-void Part::init_weights(uint64_t seed) {
-  // torchtitan's Llama 3 init: N(0, 1) embeddings, N(0, 0.02) input projections, depth-scaled
-  // output projections, unit norms, and a dim^-1/2 truncated normal head.
-  //
-  // A tied table is both ends at once. While the residual stream is mostly the input token's
-  // row e (at init it is), the normed h is e / rms(e), so the input token's own logit is
-  // h . e = dim std and every other logit has std sqrt(dim) std: N(0, 1) gives a self-logit of
-  // dim, the head's dim^-1/2 still sqrt(dim) (a first loss of 8.2 on tiny, 14.9 on debug, far
-  // above ln(vocab)). A 1/dim truncated normal makes the self-logit ~1 and the others ~0 at
-  // any width: the first loss is ln(vocab), as a zero head's, and after 80 steps of
-  // llama3_debug.toml it was 7.04 against 7.62 for dim^-1/2 (tiny, 150 steps: 1.70 / 1.73).
-  // The pre-norm blocks read its rows through RMSNorm, whatever their scale. The draw is
-  // keyed by the FQN, so a REPLICA starts with the owner's bits.
-  const double depth_std = 0.02 / std::sqrt(2.0 * static_cast<double>(args_.n_layers));
-  for (const auto& decl : parameters().decls()) {
-    const std::string& fqn = decl->fqn;
-    at::Tensor& t = decl->tensor;
-    auto ends_with = [&](const char* suffix) {
-      std::string s(suffix);
-      return fqn.size() >= s.size() && fqn.compare(fqn.size() - s.size(), s.size(), s) == 0;
-    };
-    if (ends_with("norm.weight"))
-      keel::init::constant_(t, 1.0);
-    else if (fqn == "tok_embeddings.weight" && args_.tie_embeddings)
-      keel::init::truncated_normal_(t, seed, fqn, 1.0 / static_cast<double>(args_.dim));
-    else if (fqn == "output.weight")
-      keel::init::truncated_normal_(t, seed, fqn, 1.0 / std::sqrt(static_cast<double>(args_.dim)));
-    else if (fqn == "tok_embeddings.weight")
-      keel::init::normal_(t, seed, fqn, 1.0);
-    else if (ends_with("wo.weight") || ends_with("w2.weight") || ends_with("w3.weight"))
-      keel::init::truncated_normal_(t, seed, fqn, depth_std);
-    else
-      keel::init::truncated_normal_(t, seed, fqn, 0.02);
+    norm_ = &param("norm.weight", {d}, unit);
+    output_ = args.tie_embeddings
+                  ? tok_embeddings_
+                  : &param("output.weight", {args.vocab_size, d}, TruncatedNormal{1.0 / std::sqrt(dim)});
   }
 }
 

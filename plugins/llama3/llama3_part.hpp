@@ -18,7 +18,6 @@ namespace llama3 {
 class Part final : public keel::Part {
  public:
   Part(keel_host* host, const Args& args, const keel_part_spec& spec);
-  void init_weights(uint64_t seed) override;
   void forward(const keel_forward_inputs& inputs, keel_forward_outputs& outputs) override;
   /// The logits ([batch, seq, vocab]) of `tokens`; for a part holding the whole model.
   at::Tensor logits(const at::Tensor& tokens);
@@ -29,8 +28,6 @@ class Part final : public keel::Part {
   struct Block {
     at::Tensor *attention_norm, *wq, *wk, *wv, *wo, *ffn_norm, *w1, *w2, *w3;
   };
-  at::Tensor& param(const std::string& fqn, std::vector<int64_t> shape, uint32_t flags = 0,
-                    double active_fraction = 1.0);
   at::Tensor attention(const Block& b, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const;
   at::Tensor feed_forward(const Block& b, const at::Tensor& x) const;
   // The embedding (first stage) or the previous stage's activation through this part's blocks.
@@ -40,7 +37,6 @@ class Part final : public keel::Part {
 
   Args args_;
   keel_part_spec spec_;
-  at::TensorOptions options_;
   bool first_ = false;                    // embeds the tokens
   at::Tensor* tok_embeddings_ = nullptr;  // first stage, and a tied last stage
   at::Tensor* norm_ = nullptr;
