@@ -37,12 +37,12 @@ std::string plugin_hf_export(keel::HostContext& context, const deepseek_v3::Args
                              bool gradients, const std::string& prefix,
                              std::vector<std::pair<std::string, at::Tensor>>& dump) {
   std::map<std::string, at::Tensor> state;
-  for (const auto& d : part.parameters().decls()) {
-    at::Tensor g = d->tensor.grad();
-    state[d->fqn] = !gradients ? d->tensor.detach() : g.defined() ? g : at::zeros_like(d->tensor);
+  for (const auto& r : part.parameters().records()) {
+    at::Tensor g = r->grad();
+    state[r->fqn()] = !gradients ? r->tensor().detach() : g.defined() ? g : at::zeros_like(r->tensor());
   }
-  for (const auto& d : part.buffers().decls())
-    if (d->flags & KEEL_PARAM_PERSISTENT) state[d->fqn] = gradients ? at::zeros_like(d->tensor) : d->tensor;
+  for (const auto& r : part.buffers().records())
+    if (r->persistent()) state[r->fqn()] = gradients ? at::zeros_like(r->tensor()) : r->tensor();
   keel::dump::Collected collected;
   keel_export_sink raw = keel::dump::collecting_sink(collected);
   keel::ExportSink sink(&raw);
@@ -109,20 +109,22 @@ int main(int argc, char** argv) {
       dump.push_back({"mtp_logits." + std::to_string(k), out.mtp_logits[k].detach()});
       dump.push_back({"mtp_loss." + std::to_string(k), out.mtp_loss_sums[k].detach() / n});
     }
-    for (const auto& d : part.parameters().decls()) dump.push_back({"param." + d->fqn, d->tensor.detach().clone()});
-    for (const auto& d : part.buffers().decls())
-      if (d->flags & KEEL_PARAM_PERSISTENT) dump.push_back({"buffer." + d->fqn, d->tensor.clone()});
+    for (const auto& r : part.parameters().records())
+      dump.push_back({"param." + std::string(r->fqn()), r->tensor().detach().clone()});
+    for (const auto& r : part.buffers().records())
+      if (r->persistent()) dump.push_back({"buffer." + std::string(r->fqn()), r->tensor().clone()});
     std::string hf_config;
     if (export_format == "hf") hf_config = plugin_hf_export(host.context, args, part, /*gradients=*/false, "hf.", dump);
     (out.main_loss_sum / n).backward({}, /*retain_graph=*/true);
     if (export_format == "hf") plugin_hf_export(host.context, args, part, /*gradients=*/true, "hf_grad_main.", dump);
-    for (const auto& d : part.parameters().decls()) {
-      at::Tensor g = d->tensor.grad();
-      dump.push_back({"grad_main." + d->fqn, g.defined() ? g.clone() : at::zeros_like(d->tensor)});
-      if (g.defined()) d->tensor.mutable_grad().zero_();
+    for (const auto& r : part.parameters().records()) {
+      at::Tensor g = r->grad();
+      dump.push_back({"grad_main." + std::string(r->fqn()), g.defined() ? g.clone() : at::zeros_like(r->tensor())});
+      if (g.defined()) r->tensor().mutable_grad().zero_();
     }
     (out.loss_sum / n).backward();
-    for (const auto& d : part.parameters().decls()) dump.push_back({"grad_total." + d->fqn, d->tensor.grad().clone()});
+    for (const auto& r : part.parameters().records())
+      dump.push_back({"grad_total." + std::string(r->fqn()), r->grad().clone()});
     std::map<std::string, std::string> meta = {{"vocab_size", std::to_string(args.vocab_size)},
                                                {"dim", std::to_string(args.dim)},
                                                {"n_layers", std::to_string(args.n_layers)},

@@ -49,12 +49,12 @@ inline void load_weights(keel::Part& part, const std::string& path) {
   std::set<std::string> used;
   c10::NoGradGuard no_grad;
   auto load = [&](keel::ParamTable& table, bool persistent_only) {
-    for (const auto& d : table.decls()) {
-      if (persistent_only && (d->flags & KEEL_PARAM_PERSISTENT) == 0) continue;
-      auto it = file.tensors.find(d->fqn);
-      if (it == file.tensors.end()) throw std::runtime_error(path + ": no tensor '" + d->fqn + "'");
-      d->tensor.detach().copy_(it->second);
-      used.insert(d->fqn);
+    for (const auto& r : table.records()) {
+      if (persistent_only && !r->persistent()) continue;
+      auto it = file.tensors.find(r->fqn());
+      if (it == file.tensors.end()) throw std::runtime_error(path + ": no tensor '" + std::string(r->fqn()) + "'");
+      r->tensor().detach().copy_(it->second);
+      used.insert(r->fqn());
     }
   };
   load(part.parameters(), false);

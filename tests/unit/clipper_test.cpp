@@ -32,12 +32,9 @@ class NormClipperTest : public ::testing::Test {
 
   // A parameter with a random gradient, declared in `table_`.
   at::Tensor& add(const std::string& fqn, std::vector<int64_t> shape, uint32_t flags = 0, int seed = 0) {
-    ParamDecl d;
-    d.fqn = fqn;
-    d.flags = flags;
-    d.tensor = at::randn(shape).requires_grad_(true);
-    d.tensor.mutable_grad() = at::randn(shape, at::detail::getDefaultCPUGenerator()) * (1.0 + seed);
-    return table_.add(std::move(d));
+    at::Tensor t = at::randn(shape).requires_grad_(true);
+    t.mutable_grad() = at::randn(shape, at::detail::getDefaultCPUGenerator()) * (1.0 + seed);
+    return table_.add(fqn, std::move(t), std::nullopt, {.flags = flags}).tensor();
   }
 
   std::vector<const keel_param_info*> infos() {
@@ -68,7 +65,7 @@ TEST_F(NormClipperTest, MatchesTorchClipGradNormWhenClippingBites) {
   EXPECT_GT(expected, 0.5);  // the coefficient is < 1: clipping is active
   EXPECT_NEAR(norm.item<double>(), expected, 1e-6 * expected);
   for (size_t i = 0; i < reference.size(); ++i)
-    EXPECT_TRUE(at::allclose(table_.decls()[i]->tensor.grad(), reference[i].grad(), 1e-6, 1e-8)) << "param " << i;
+    EXPECT_TRUE(at::allclose(table_.records()[i]->grad(), reference[i].grad(), 1e-6, 1e-8)) << "param " << i;
 }
 
 TEST_F(NormClipperTest, LeavesGradientsUntouchedBelowMaxNorm) {
@@ -100,14 +97,11 @@ TEST_F(NormClipperTest, ReplicaExcludedFromNormAndScaledByTheSameCoefficient) {
 }
 
 TEST_F(NormClipperTest, NoGradientsGiveZeroNormOnTheParametersDevice) {
-  ParamDecl d;
-  d.fqn = "frozen";
-  d.tensor = at::randn({4, 4});
-  table_.add(std::move(d));
+  table_.add("frozen", at::randn({4, 4}), std::nullopt, {});
   auto clipper = make("max_norm = 1.0\n");
   at::Tensor norm = clipper->clip(infos());
   EXPECT_EQ(norm.item<double>(), 0.0);
-  EXPECT_EQ(norm.device(), table_.decls()[0]->tensor.device());
+  EXPECT_EQ(norm.device(), table_.records()[0]->tensor().device());
   EXPECT_EQ(norm.dim(), 0);
 }
 

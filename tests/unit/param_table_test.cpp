@@ -25,17 +25,17 @@ TEST(ParamTable, RecordsStayPutAndTheViewIsTheRecords) {
   part.param("experts", {2, 3}, keel::init::Normal{1.0}, keel::ParamOptions::experts(4, 8, 0.25));
   part.param("replica", {5}, keel::init::Normal{1.0},
              {.flags = KEEL_PARAM_REPLICA, .active_fraction = 0.5, .module_group = "mtp"});
-  EXPECT_EQ(&first, &part.parameters().records()[0]->tensor);  // the slot did not move
+  EXPECT_EQ(&first, &part.parameters().records()[0]->tensor());  // the slot did not move
   EXPECT_EQ(first_record, part.parameters().records()[0].get());
 
   auto [infos, count] = part.parameters().view();
   ASSERT_EQ(count, 103u);
   for (size_t i = 0; i < count; ++i) {
     const keel::ParamRecord& r = *part.parameters().records()[i];
-    EXPECT_EQ(infos[i], r.info());
+    EXPECT_EQ(infos[i], r.raw());
     EXPECT_EQ(infos[i]->struct_size, sizeof(keel_param_info));
-    EXPECT_STREQ(infos[i]->fqn, r.fqn.c_str());
-    EXPECT_EQ(infos[i]->tensor, keel::handle(r.tensor));
+    EXPECT_EQ(infos[i]->fqn, r.fqn());  // the same string, not a copy
+    EXPECT_EQ(infos[i]->tensor, keel::handle(r.tensor()));
   }
   const keel_param_info& experts = *infos[101];
   EXPECT_EQ(experts.flags, uint32_t{KEEL_PARAM_EXPERT});
@@ -51,9 +51,18 @@ TEST(ParamTable, RecordsStayPutAndTheViewIsTheRecords) {
   EXPECT_STREQ(replica.module_group, "mtp");
   EXPECT_TRUE(keel::tensor(replica.tensor).requires_grad());
 
-  // A write to the record is what the host reads: there is no second copy.
-  part.parameters().find("replica")->active_fraction = 0.125;
-  EXPECT_EQ(replica.active_fraction, 0.125);
+  // The record the table finds is the one the host reads, read through its ParamView.
+  const keel::ParamRecord* found = part.parameters().find("replica");
+  ASSERT_NE(found, nullptr);
+  EXPECT_EQ(found->raw(), &replica);
+  EXPECT_TRUE(found->replica());
+  EXPECT_FALSE(found->expert());
+  EXPECT_EQ(found->active_fraction(), 0.5);
+  EXPECT_STREQ(found->module_group(), "mtp");
+  const keel::ParamView experts_view = *part.parameters().find("experts");
+  EXPECT_TRUE(experts_view.expert());
+  EXPECT_EQ(experts_view.shard_offset(), 4);
+  EXPECT_EQ(experts_view.global_dim_size(), 8);
   EXPECT_EQ(part.parameters().find("absent"), nullptr);
 }
 
@@ -75,7 +84,8 @@ TEST(ParamTable, DefaultInitWeightsDrawsEveryRecordByItsRule) {
   EXPECT_TRUE(at::equal(unit, at::ones({4})));
   EXPECT_TRUE(at::equal(bias, at::full({6}, 0.25)));
   EXPECT_EQ(bias.scalar_type(), at::kFloat);
-  EXPECT_EQ(part.buffers().records()[0]->flags, uint32_t{KEEL_PARAM_PERSISTENT});
+  EXPECT_TRUE(part.buffers().records()[0]->persistent());
+  EXPECT_EQ(part.buffers().records()[0]->raw()->flags, uint32_t{KEEL_PARAM_PERSISTENT});
   EXPECT_FALSE(at::equal(normal, at::zeros({7, 5})));
 }
 
@@ -95,30 +105,17 @@ TEST(ParamTable, ExpertShardsDrawTheSlicesOfTheWholeTensor) {
 
 TEST(ParamTable, ARecordWithoutARuleIsAnErrorNamingIt) {
   Declaring part;
-  keel::ParamDecl legacy;
-  legacy.fqn = "legacy.weight";
-  legacy.tensor = at::zeros({2});
-  legacy.active_fraction = 0.5;
-  at::Tensor& slot = part.parameters().add(std::move(legacy));
-  EXPECT_EQ(&slot, &part.parameters().records()[0]->tensor);
+  at::Tensor& slot =
+      part.parameters().add("ruleless.weight", at::zeros({2}), std::nullopt, {.active_fraction = 0.5}).tensor();
+  EXPECT_EQ(&slot, &part.parameters().records()[0]->tensor());
   EXPECT_EQ(part.parameters().view().first[0]->active_fraction, 0.5);
   try {
     part.init_weights(1);
     FAIL() << "init_weights drew a parameter without a rule";
   } catch (const keel::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("'legacy.weight' was declared without an init rule"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("'ruleless.weight' was declared without an init rule"), std::string::npos)
         << e.what();
   }
-}
-
-TEST(ParamTable, ACParameterEntryMustHoldEveryFieldOfSdk10) {
-  Declaring part;
-  part.param("w", {2}, keel::init::Constant{0.0});
-  EXPECT_EQ(&keel::param(part.parameters().view().first[0]), part.parameters().records()[0]->info());
-  keel_param_info short_entry = *part.parameters().view().first[0];
-  short_entry.struct_size = KEEL_PARAM_INFO_SIZE_1_0 - 1;  // module_group cut off
-  EXPECT_THROW(keel::param(&short_entry), keel::Error);
-  EXPECT_THROW(keel::param(nullptr), keel::Error);
 }
 
 }  // namespace

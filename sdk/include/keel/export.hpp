@@ -64,11 +64,11 @@ inline Error unsupported_format(const std::string& model, const std::string& for
 inline void check_export_state(Part& whole, const std::map<std::string, at::Tensor>& state) {
   std::map<std::string, std::vector<int64_t>> expected;
   auto collect = [&](ParamTable& table, bool persistent_only) {
-    for (const auto& d : table.decls()) {
-      if (persistent_only && (d->flags & KEEL_PARAM_PERSISTENT) == 0) continue;
-      std::vector<int64_t> shape = d->tensor.sizes().vec();
-      if (d->shard_dim >= 0) shape[static_cast<size_t>(d->shard_dim)] = d->global_dim_size;
-      expected.emplace(d->fqn, std::move(shape));
+    for (const auto& r : table.records()) {
+      if (persistent_only && !r->persistent()) continue;
+      std::vector<int64_t> shape = r->tensor().sizes().vec();
+      if (r->shard_dim() >= 0) shape[static_cast<size_t>(r->shard_dim())] = r->global_dim_size();
+      expected.emplace(r->fqn(), std::move(shape));
     }
   };
   collect(whole.parameters(), false);

@@ -7,6 +7,7 @@
 #include <keel/keel.h>
 #include <keel/host.hpp>
 #include <keel/init.hpp>
+#include <keel/param_view.hpp>
 
 #include <memory>
 #include <optional>
@@ -39,92 +40,76 @@ struct ParamOptions {
   }
 };
 
-/// One parameter or buffer: the keel_param_info the host reads (the base, whose address is
-/// what view() hands out) and the storage its pointers point to. The members `fqn`, `tensor`
-/// and `module_group` hide the base's C pointers of the same names, which point at them; the
-/// other fields (flags, shard_dim, shard_offset, global_dim_size, active_fraction) are the
-/// base's own, so a write to them is what the host reads.
-class ParamRecord : public keel_param_info {
- public:
-  ParamRecord(std::string name, at::Tensor value, std::optional<init::Rule> init, const ParamOptions& options)
-      : keel_param_info{},
-        fqn(std::move(name)),
-        tensor(std::move(value)),
-        module_group(options.module_group),
-        rule(std::move(init)) {
-    struct_size = sizeof(keel_param_info);
-    keel_param_info::fqn = fqn.c_str();
-    keel_param_info::tensor = handle(tensor);
-    flags = options.flags;
-    shard_dim = options.shard_dim;
-    shard_offset = options.shard_offset;
-    global_dim_size = options.global_dim_size;
-    active_fraction = options.active_fraction;
-    keel_param_info::module_group = module_group.c_str();
+namespace detail {
+
+/// What a ParamRecord's keel_param_info points into: the FQN, the tensor slot and the module
+/// group, owned here so the C pointers stay valid while the record lives.
+struct ParamStorage {
+  ParamStorage(std::string fqn, at::Tensor tensor, std::optional<init::Rule> init_rule, const ParamOptions& options)
+      : name(std::move(fqn)), slot(std::move(tensor)), group(options.module_group), rule(std::move(init_rule)) {
+    info.struct_size = sizeof(keel_param_info);
+    info.fqn = name.c_str();
+    info.tensor = handle(slot);
+    info.flags = options.flags;
+    info.shard_dim = options.shard_dim;
+    info.shard_offset = options.shard_offset;
+    info.global_dim_size = options.global_dim_size;
+    info.active_fraction = options.active_fraction;
+    info.module_group = group.c_str();
   }
+
+  std::string name;                // canonical FQN
+  at::Tensor slot;                 // the tensor the host's keel_tensor handle points at
+  std::string group;               // "main", "mtp", ...
+  std::optional<init::Rule> rule;  // how initialise() draws it (none: the part draws it itself)
+  keel_param_info info{};          // the C record the host reads
+};
+
+}  // namespace detail
+
+/// One parameter or buffer: the keel_param_info the host reads, the storage its pointers point
+/// to, and the init rule. Read it as the ParamView it is; raw() is the record the host holds.
+/// The storage base is built first, so the view's record is complete when the view checks it.
+class ParamRecord : private detail::ParamStorage, public ParamView {
+ public:
+  ParamRecord(std::string fqn, at::Tensor tensor, std::optional<init::Rule> init_rule, const ParamOptions& options)
+      : detail::ParamStorage(std::move(fqn), std::move(tensor), std::move(init_rule), options), ParamView(&info) {}
   ParamRecord(const ParamRecord&) = delete;
   ParamRecord& operator=(const ParamRecord&) = delete;
-
-  const std::string fqn;           ///< canonical FQN
-  at::Tensor tensor;               ///< the slot the host's keel_tensor handle points at
-  const std::string module_group;  ///< "main", "mtp", ...
-  std::optional<init::Rule> rule;  ///< how init_weights draws it (none: the part draws it itself)
-
-  /// The C view the host reads.
-  const keel_param_info* info() const { return this; }
 
   /// Draws the tensor by its rule from (seed, fqn). A tensor sharded along dim 0 draws slice e
   /// from index shard_offset + e, so any sharding draws the single-rank tensor's slices.
   void initialise(uint64_t seed) {
-    if (!rule) throw Error(KEEL_ERROR_INTERNAL, "'" + fqn + "' was declared without an init rule");
-    if (shard_dim != 0) return init::apply(*rule, tensor, seed, fqn);
-    for (int64_t e = 0; e < tensor.size(0); ++e) {
-      at::Tensor slice = tensor.select(0, e);
-      init::apply(*rule, slice, seed, fqn, shard_offset + e);
+    if (!rule) throw Error(KEEL_ERROR_INTERNAL, "'" + name + "' was declared without an init rule");
+    if (info.shard_dim != 0) return init::apply(*rule, slot, seed, name);
+    for (int64_t e = 0; e < slot.size(0); ++e) {
+      at::Tensor slice = slot.select(0, e);
+      init::apply(*rule, slice, seed, name, info.shard_offset + e);
     }
   }
-};
-
-/// A parameter as SDK 1.1 code declares it (no init rule); ParamTable::add(ParamDecl) turns it
-/// into a ParamRecord. New code declares with Part::param.
-struct ParamDecl {
-  std::string fqn;
-  at::Tensor tensor;
-  uint32_t flags = 0;
-  int32_t shard_dim = -1;
-  int64_t shard_offset = 0;
-  int64_t global_dim_size = 0;
-  double active_fraction = 1.0;
-  std::string module_group = "main";
 };
 
 /// A part's parameters (or buffers): records at stable addresses, in declaration order.
 class ParamTable {
  public:
-  /// Adds a record; the record (and so its tensor slot) stays where it is while the table lives.
-  ParamRecord& add(std::string fqn, at::Tensor tensor, std::optional<init::Rule> init, const ParamOptions& options) {
-    records_.push_back(std::make_unique<ParamRecord>(std::move(fqn), std::move(tensor), std::move(init), options));
-    pointers_.push_back(records_.back()->info());
+  /// Adds a record (without a rule, initialise() refuses it); the record, and so its tensor
+  /// slot, stays where it is while the table lives.
+  ParamRecord& add(std::string fqn, at::Tensor tensor, std::optional<init::Rule> rule, const ParamOptions& options) {
+    records_.push_back(std::make_unique<ParamRecord>(std::move(fqn), std::move(tensor), std::move(rule), options));
+    pointers_.push_back(records_.back()->raw());
     return *records_.back();
-  }
-  /// Adds an SDK 1.1 declaration (no init rule); returns its tensor slot.
-  at::Tensor& add(ParamDecl d) {
-    ParamOptions options{d.flags, d.shard_dim, d.shard_offset, d.global_dim_size, d.active_fraction, d.module_group};
-    return add(std::move(d.fqn), std::move(d.tensor), std::nullopt, options).tensor;
   }
   /// The records, in declaration order.
   const std::vector<std::unique_ptr<ParamRecord>>& records() const { return records_; }
-  /// The records (the SDK 1.1 name).
-  const std::vector<std::unique_ptr<ParamRecord>>& decls() const { return records_; }
   /// The record named `fqn`, or nullptr.
   ParamRecord* find(const std::string& fqn) const {
     for (const auto& r : records_)
-      if (r->fqn == fqn) return r.get();
+      if (fqn == r->fqn()) return r.get();
     return nullptr;
   }
   /// The number of records.
   size_t size() const { return records_.size(); }
-  /// The C views, one per record, in declaration order.
+  /// The C records, one per record, in declaration order.
   std::pair<const keel_param_info* const*, size_t> view() const { return {pointers_.data(), pointers_.size()}; }
   /// Draws every record by its rule (ParamRecord::initialise).
   void initialise(uint64_t seed) {
@@ -135,13 +120,6 @@ class ParamTable {
   std::vector<std::unique_ptr<ParamRecord>> records_;
   std::vector<const keel_param_info*> pointers_;
 };
-
-/// Reads one C parameter entry, checking that it holds every field of SDK 1.0.
-inline const keel_param_info& param(const keel_param_info* info) {
-  if (info == nullptr || info->struct_size < KEEL_PARAM_INFO_SIZE_1_0)
-    throw Error(KEEL_ERROR_INVALID_ARGUMENT, "keel_param_info is NULL or older than SDK 1.0");
-  return *info;
-}
 
 /// The tensor options of a part spec (device and parameter dtype).
 inline at::TensorOptions part_options(const keel_part_spec& spec) {
@@ -188,7 +166,7 @@ class Part {
   /// stays valid while the part lives.
   at::Tensor& param(std::string fqn, std::vector<int64_t> shape, init::Rule init, const ParamOptions& options = {}) {
     at::Tensor t = at::empty(shape, options_).requires_grad_(true);
-    return parameters_.add(std::move(fqn), std::move(t), std::move(init), options).tensor;
+    return parameters_.add(std::move(fqn), std::move(t), std::move(init), options).tensor();
   }
   /// Declares an fp32 buffer of `shape` set by `init`; persistent buffers are checkpointed.
   at::Tensor& buffer(std::string fqn, std::vector<int64_t> shape, init::Rule init, bool persistent,
@@ -196,7 +174,7 @@ class Part {
     ParamOptions options{.flags = persistent ? uint32_t{KEEL_PARAM_PERSISTENT} : 0u,
                          .module_group = std::move(module_group)};
     at::Tensor t = at::zeros(shape, options_.dtype(at::kFloat));
-    return buffers_.add(std::move(fqn), std::move(t), std::move(init), options).tensor;
+    return buffers_.add(std::move(fqn), std::move(t), std::move(init), options).tensor();
   }
 
  private:
