@@ -25,15 +25,14 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
 // input projections, depth-scaled output projections (wo, w2, w3), unit norms, and a dim^-1/2
 // truncated normal head.
 //
-// A tied table is both ends at once. While the residual stream is mostly the input token's
-// row e (at init it is), the normed h is e / rms(e), so the input token's own logit is
-// h . e = dim std and every other logit has std sqrt(dim) std: N(0, 1) gives a self-logit of
-// dim, the head's dim^-1/2 still sqrt(dim) (a first loss of 8.2 on tiny, 14.9 on debug, far
-// above ln(vocab)). A 1/dim truncated normal makes the self-logit ~1 and the others ~0 at
-// any width: the first loss is ln(vocab), as a zero head's, and after 80 steps of
-// llama3_debug.toml it was 7.04 against 7.62 for dim^-1/2 (tiny, 150 steps: 1.70 / 1.73).
-// The pre-norm blocks read its rows through RMSNorm, whatever their scale. The draw is
-// keyed by the FQN, so a REPLICA starts with the owner's bits.
+// A tied table is both ends at once, drawn as Hugging Face's Llama draws it (the tied Llama 3.2
+// checkpoints were trained from it): a 0.02 truncated normal. The head then sees, at init,
+// an input token's own logit of about 0.02 dim (5 at debug width) and the first loss stays
+// near ln(vocab) (7.68 against 7.62 on llama3_debug.toml). Smaller tables starve the blocks:
+// at 1/dim the token's row drowns in the blocks' outputs and 80 steps of llama3_debug.toml
+// end at 6.68 (0.02: 1.89; untied: 1.67); an untied model whose input embedding is drawn at
+// 1/dim stalls alike (6.30). The head's dim^-1/2 overshoots the other way (first loss 14.9).
+// The draw is keyed by the FQN, so a REPLICA starts with the owner's bits.
 Part::Part(keel_host* host, const Args& args, const keel_part_spec& spec)
     : keel::Part(host, keel::part_options(spec)), args_(args), spec_(spec), first_(spec.stage_index == 0) {
   using keel::init::Constant, keel::init::Normal, keel::init::TruncatedNormal;
@@ -45,7 +44,7 @@ Part::Part(keel_host* host, const Args& args, const keel_part_spec& spec)
   if (first_ || (last && args.tie_embeddings)) {
     // A token reads one row of the table: 1 / vocab of it is "activated"; a tied head reads
     // all of it.
-    const keel::init::Rule rule = args.tie_embeddings ? keel::init::Rule{TruncatedNormal{1.0 / dim}} : Normal{1.0};
+    const keel::init::Rule rule = args.tie_embeddings ? keel::init::Rule{projection} : Normal{1.0};
     const keel::ParamOptions options{
         .flags = first_ ? 0u : uint32_t{KEEL_PARAM_REPLICA},
         .active_fraction = args.tie_embeddings ? 1.0 : 1.0 / static_cast<double>(args.vocab_size)};
