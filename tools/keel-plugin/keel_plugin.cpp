@@ -23,7 +23,7 @@ int usage(int status) {
   return status;
 }
 
-std::string hooks(const std::string& path, const keel_component& c) {
+std::string hooks(const keel_component& c, const keel::ComponentExtensions& extensions) {
   std::vector<std::string> out;
   auto tag = [&](const char* name, bool present, bool capture_safe) {
     if (present) out.push_back(keel::cat(name, capture_safe ? " [capture-safe]" : ""));
@@ -35,7 +35,6 @@ std::string hooks(const std::string& path, const keel_component& c) {
     tag("post_step", v->post_step != nullptr, false);
     // Appended in ABI 1.1 (an older plugin's vtable ends before it); an extension from 1.2.
     const bool legacy_export = v->struct_size >= KEEL_MODEL_VTABLE_SIZE_1_1 && v->export_state != nullptr;
-    const keel::ComponentExtensions extensions = keel::read_extensions(path, c);
     const keel_model_export_extension& e = extensions.model_export;
     if (e.export_state != nullptr)
       out.push_back(keel::cat("export_state [extension; formats: ", e.formats != nullptr ? e.formats : "", "]"));
@@ -80,11 +79,11 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < d.num_components; ++i) {
       const keel_component& c = *d.components[i];
       std::printf("  %-8s %s — %s\n", keel::kind_name(c.kind), c.name, c.description != nullptr ? c.description : "");
-      std::printf("           hooks: %s\n", hooks(plugin.path, c).c_str());
-      const std::vector<int32_t> unknown = keel::read_extensions(plugin.path, c).unknown;
-      if (!unknown.empty()) {
+      const keel::ComponentExtensions extensions = keel::read_extensions(plugin.path, c);
+      std::printf("           hooks: %s\n", hooks(c, extensions).c_str());
+      if (!extensions.unknown.empty()) {
         std::vector<std::string> types;
-        for (int32_t t : unknown) types.push_back(std::to_string(t));
+        for (int32_t t : extensions.unknown) types.push_back(std::to_string(t));
         std::printf("           extensions this host does not know (ignored): %s\n", keel::join(types, ", ").c_str());
       }
     }
