@@ -13,4 +13,11 @@ class InputError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// A plugin broke a promise it made through the ABI (a bug in the plugin, not bad input): a
+/// component reading a config key it did not declare, for instance.
+class PluginContractError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 }  // namespace keel

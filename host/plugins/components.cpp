@@ -101,8 +101,9 @@ Model::Model(const keel_component& component, const std::string& plugin_name, co
              HostServices services)
     : vtable_(copy_versioned<keel_model_vtable>(component.vtable)),
       extensions_(read_extensions(plugin_name, component)),
+      config_(config, extensions_.config_keys),
       context_(cat("model ", component.name, " (", plugin_name, ")"), services) {
-  context_.check(vtable_.create(context_.raw(), HostContext::config_handle(config), &raw_), "create");
+  context_.check(vtable_.create(context_.raw(), HostContext::config_handle(config_), &raw_), "create");
   if (raw_ == nullptr) throw std::runtime_error(cat(context_.label(), ": create returned no model"));
   info_.struct_size = sizeof(info_);
   context_.check(vtable_.info(raw_, &info_), "info");
@@ -205,8 +206,10 @@ ModelExport Model::export_state(const std::string& format,
 Clipper::Clipper(const keel_component& component, const std::string& plugin_name, const ConfigSection& config,
                  HostServices services)
     : vtable_(copy_versioned<keel_clipper_vtable>(component.vtable)),
+      extensions_(read_extensions(plugin_name, component)),
+      config_(config, extensions_.config_keys),
       context_(cat("clipper ", component.name, " (", plugin_name, ")"), services) {
-  context_.check(vtable_.create(context_.raw(), HostContext::config_handle(config), &raw_), "create");
+  context_.check(vtable_.create(context_.raw(), HostContext::config_handle(config_), &raw_), "create");
   if (raw_ == nullptr) throw std::runtime_error(cat(context_.label(), ": create returned no clipper"));
 }
 

@@ -14,6 +14,7 @@
 #include <keel/keel.h>
 #include <keel/param_view.hpp>
 
+#include "plugins/component_config.hpp"
 #include "plugins/extensions.hpp"
 #include "plugins/host_context.hpp"
 
@@ -85,7 +86,8 @@ class ModelPart {
 /// A model component instance.
 class Model {
  public:
-  /// Creates the model from its [model] table; unread keys are checked by the caller.
+  /// Creates the model from its table ([model.<component>] or [model]); unread keys are
+  /// checked by the caller.
   Model(const keel_component& component, const std::string& plugin_name, const ConfigSection& config,
         HostServices services);
   ~Model();
@@ -120,6 +122,7 @@ class Model {
  private:
   keel_model_vtable vtable_{};
   ComponentExtensions extensions_;
+  ComponentConfig config_;
   HostContext context_;
   keel_model* raw_ = nullptr;
   keel_model_info info_{};
@@ -129,6 +132,8 @@ class Model {
 /// A clipper component instance.
 class Clipper {
  public:
+  /// Creates the clipper from its table ([clipper.<component>] or [clipper]); unread keys are
+  /// checked by the caller.
   Clipper(const keel_component& component, const std::string& plugin_name, const ConfigSection& config,
           HostServices services);
   ~Clipper();
@@ -145,11 +150,15 @@ class Clipper {
   std::vector<std::pair<std::string, at::Tensor*>> state();
   /// The vtable (zero-extended to this host's size).
   const keel_clipper_vtable& vtable() const { return vtable_; }
+  /// The extensions of the clipper's component that this host knows.
+  const ComponentExtensions& extensions() const { return extensions_; }
   /// "clipper <component> (<plugin>)", for messages.
   const std::string& label() const { return context_.label(); }
 
  private:
   keel_clipper_vtable vtable_{};
+  ComponentExtensions extensions_;
+  ComponentConfig config_;
   HostContext context_;
   keel_clipper* raw_ = nullptr;
 };

@@ -1,12 +1,123 @@
 #include "plugins/extensions.hpp"
 
+#include <algorithm>
+#include <cstring>
 #include <set>
+#include <sstream>
+
+#include <toml.hpp>
 
 #include "common/error.hpp"
 #include "common/text.hpp"
+#include "common/utf8.hpp"
 #include "plugins/versioned.hpp"
 
 namespace keel {
+
+namespace {
+
+constexpr size_t kMaxKeyName = 64;
+constexpr size_t kMaxDefaultText = 256;
+constexpr size_t kMaxDoc = 400;
+
+// A plugin's C string, bounded: the text, or an InputError when it is longer than `limit`,
+// not UTF-8 or holds a control character (it is printed to terminals).
+std::string plugin_text(const char* text, size_t limit, const std::string& what) {
+  const size_t length = strnlen(text, limit + 1);
+  if (length > limit) throw InputError(cat(what, " is longer than ", limit, " bytes"));
+  std::string out(text, length);
+  check_utf8(out, what);
+  if (std::any_of(out.begin(), out.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }))
+    throw InputError(cat(what, " holds a control character"));
+  return out;
+}
+
+bool valid_key_name(const std::string& name) {
+  return !name.empty() && std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+  });
+}
+
+// The declared default "v = <text>" parsed as TOML, of the key's type (an integer literal
+// stands for a float key's value, as config_float accepts it).
+ConfigValue parse_default(const std::string& text, keel_config_type type, const std::string& what) {
+  toml::value value;
+  try {
+    std::istringstream stream("v = " + text);
+    const toml::value root = toml::parse(stream, what);
+    if (root.as_table().size() != 1) throw InputError(cat(what, ": '", text, "' is not one TOML value"));
+    value = toml::find(root, "v");
+  } catch (const toml::exception&) {
+    throw InputError(cat(what, ": '", text, "' is not a TOML value"));
+  }
+  switch (type) {
+    case KEEL_CONFIG_INT:
+      if (value.is_integer()) return value.as_integer();
+      break;
+    case KEEL_CONFIG_FLOAT:
+      if (value.is_floating()) return value.as_floating();
+      if (value.is_integer()) return static_cast<double>(value.as_integer());
+      break;
+    case KEEL_CONFIG_BOOL:
+      if (value.is_boolean()) return value.as_boolean();
+      break;
+    case KEEL_CONFIG_STRING:
+      if (value.is_string()) return value.as_string().str;
+      break;
+  }
+  throw InputError(cat(what, ": '", text, "' is not a TOML ", config_type_name(type)));
+}
+
+std::vector<DeclaredConfigKey> read_config_keys(const keel_extension* e, const std::string& where) {
+  if (e->struct_size < KEEL_CONFIG_KEYS_EXTENSION_SIZE_1_3)
+    throw InputError(cat(where, ": the config keys extension is ", e->struct_size, " bytes, this host needs at least ",
+                         KEEL_CONFIG_KEYS_EXTENSION_SIZE_1_3, " (ABI 1.3)"));
+  const auto table = copy_versioned<keel_config_keys_extension>(e);
+  if (table.count > KEEL_MAX_CONFIG_KEYS)
+    throw InputError(cat(where, ": declares ", table.count, " config keys, more than ", KEEL_MAX_CONFIG_KEYS));
+  if (table.count > 0 && table.keys == nullptr)
+    throw InputError(cat(where, ": declares ", table.count, " config keys but no array"));
+  std::vector<DeclaredConfigKey> keys;
+  std::set<std::string> seen;
+  for (size_t i = 0; i < table.count; ++i) {
+    const keel_config_key* raw = table.keys[i];
+    const std::string at = cat(where, ": config key #", i);
+    if (raw == nullptr || raw->struct_size < KEEL_CONFIG_KEY_SIZE_1_3)
+      throw InputError(cat(at, " is NULL or smaller than keel_config_key of ABI 1.3"));
+    const auto key = copy_versioned<keel_config_key>(raw);
+    DeclaredConfigKey out;
+    if (key.name != nullptr) out.name = plugin_text(key.name, kMaxKeyName, cat(at, "'s name"));
+    if (!valid_key_name(out.name)) throw InputError(cat(at, " has an invalid name (want [a-z0-9_]+, at most 64)"));
+    const std::string named = cat(where, ": config key '", out.name, "'");
+    if (!seen.insert(out.name).second) throw InputError(cat(named, " is declared twice"));
+    if (key.type < KEEL_CONFIG_INT || key.type > KEEL_CONFIG_STRING)
+      throw InputError(cat(named, " has unknown type ", key.type));
+    out.type = static_cast<keel_config_type>(key.type);
+    if (key.default_value != nullptr) {
+      out.default_text = plugin_text(key.default_value, kMaxDefaultText, cat(named, "'s default"));
+      out.default_value = parse_default(out.default_text, out.type, cat(named, "'s default"));
+    }
+    if (key.doc != nullptr) out.doc = plugin_text(key.doc, kMaxDoc, cat(named, "'s doc"));
+    keys.push_back(std::move(out));
+  }
+  return keys;
+}
+
+}  // namespace
+
+const char* config_type_name(keel_config_type type) {
+  switch (type) {
+    case KEEL_CONFIG_INT:
+      return "integer";
+    case KEEL_CONFIG_FLOAT:
+      return "float";
+    case KEEL_CONFIG_BOOL:
+      return "boolean";
+    case KEEL_CONFIG_STRING:
+      return "string";
+  }
+  return "unknown";
+}
 
 ComponentExtensions read_extensions(const std::string& path, const keel_component& component) {
   ComponentExtensions out;
@@ -25,6 +136,10 @@ ComponentExtensions read_extensions(const std::string& path, const keel_componen
       throw InputError(cat(where(index), " is ", e->struct_size, " bytes, smaller than keel_extension (",
                            KEEL_EXTENSION_SIZE_1_2, ")"));
     if (!seen.insert(e->type).second) throw InputError(cat(where(index), ": type ", e->type, " is listed twice"));
+    if (e->type == KEEL_EXTENSION_CONFIG_KEYS) {
+      out.config_keys = read_config_keys(e, where(index));
+      continue;
+    }
     if (e->type != KEEL_EXTENSION_MODEL_EXPORT) {
       out.unknown.push_back(e->type);
       continue;

@@ -15,6 +15,7 @@
 #include "config/config_tree.hpp"
 #include "mesh/mesh.hpp"
 #include "metrics/step_metrics.hpp"
+#include "plugins/component_config.hpp"
 
 namespace keel {
 
@@ -23,8 +24,8 @@ HostContext::HostContext(std::string label, HostServices services)
 
 HostContext& HostContext::from(keel_host* host) { return *reinterpret_cast<Handle*>(host)->self; }
 
-const keel_config* HostContext::config_handle(const ConfigSection& section) {
-  return reinterpret_cast<const keel_config*>(&section);
+const keel_config* HostContext::config_handle(const ComponentConfig& config) {
+  return reinterpret_cast<const keel_config*>(&config);
 }
 
 void HostContext::record_error(keel_status code, const char* message) {
@@ -73,6 +74,9 @@ struct HostApi {
     } catch (const InputError& e) {
       set_error(host, KEEL_ERROR_CONFIG, e.what());
       return KEEL_ERROR_CONFIG;
+    } catch (const PluginContractError& e) {
+      set_error(host, KEEL_ERROR_INTERNAL, e.what());
+      return KEEL_ERROR_INTERNAL;
     } catch (const std::invalid_argument& e) {
       set_error(host, KEEL_ERROR_INVALID_ARGUMENT, e.what());
       return KEEL_ERROR_INVALID_ARGUMENT;
@@ -89,9 +93,15 @@ struct HostApi {
     if (group == nullptr) throw std::invalid_argument("group is NULL (this rank is not a member?)");
     return *reinterpret_cast<Group*>(group);
   }
-  static const ConfigSection& section(const keel_config* config) {
+  // The component's table, once the read of `key` with getter `type` and `fallback` is checked
+  // against what the component declares.
+  static const ConfigSection& section(const keel_config* config, const char* key, keel_config_type type,
+                                      const ConfigValue& fallback) {
     if (config == nullptr) throw std::invalid_argument("config is NULL");
-    return *reinterpret_cast<const ConfigSection*>(config);
+    if (key == nullptr) throw std::invalid_argument("config key is NULL");
+    const auto& component = *reinterpret_cast<const ComponentConfig*>(config);
+    component.check_read(key, type, fallback);
+    return component.section();
   }
   static void no_work(keel_work** work) {
     if (work != nullptr) *work = nullptr;
@@ -214,7 +224,7 @@ struct HostApi {
   static keel_status config_int(keel_host* host, const keel_config* config, const char* key, int64_t fallback,
                                 int64_t* out, int32_t* found) {
     return run(host, KEEL_ERROR_CONFIG, [&] {
-      const ConfigSection& s = section(config);
+      const ConfigSection& s = section(config, key, KEEL_CONFIG_INT, fallback);
       set_found(found, s, key);
       *out = s.integer(key, fallback);
     });
@@ -222,7 +232,7 @@ struct HostApi {
   static keel_status config_float(keel_host* host, const keel_config* config, const char* key, double fallback,
                                   double* out, int32_t* found) {
     return run(host, KEEL_ERROR_CONFIG, [&] {
-      const ConfigSection& s = section(config);
+      const ConfigSection& s = section(config, key, KEEL_CONFIG_FLOAT, fallback);
       set_found(found, s, key);
       *out = s.real(key, fallback);
     });
@@ -230,7 +240,7 @@ struct HostApi {
   static keel_status config_bool(keel_host* host, const keel_config* config, const char* key, int32_t fallback,
                                  int32_t* out, int32_t* found) {
     return run(host, KEEL_ERROR_CONFIG, [&] {
-      const ConfigSection& s = section(config);
+      const ConfigSection& s = section(config, key, KEEL_CONFIG_BOOL, fallback != 0);
       set_found(found, s, key);
       *out = s.boolean(key, fallback != 0) ? 1 : 0;
     });
@@ -238,18 +248,23 @@ struct HostApi {
   static keel_status config_string(keel_host* host, const keel_config* config, const char* key, const char* fallback,
                                    const char** out, int32_t* found) {
     return run(host, KEEL_ERROR_CONFIG, [&] {
-      const ConfigSection& s = section(config);
+      const std::string fallback_text = fallback != nullptr ? fallback : "";
+      const ConfigSection& s = section(config, key, KEEL_CONFIG_STRING, fallback_text);
       set_found(found, s, key);
       // The returned pointer must outlive the call: strings are interned for the process.
       static std::map<std::string, std::unique_ptr<std::string>> interned;
-      std::string value = s.string(key, fallback != nullptr ? fallback : "");
+      std::string value = s.string(key, fallback_text);
       auto& slot = interned[value];
       if (!slot) slot = std::make_unique<std::string>(value);
       *out = slot->c_str();
     });
   }
   static keel_status config_invalid(keel_host* host, const keel_config* config, const char* key, const char* why) {
-    return run(host, KEEL_ERROR_CONFIG, [&] { section(config).invalid(key, why != nullptr ? why : "invalid value"); });
+    return run(host, KEEL_ERROR_CONFIG, [&] {
+      if (config == nullptr || key == nullptr)
+        throw std::invalid_argument("config_invalid: config and key are required");
+      reinterpret_cast<const ComponentConfig*>(config)->section().invalid(key, why != nullptr ? why : "invalid value");
+    });
   }
 };
 

@@ -11,7 +11,7 @@
 
 namespace keel {
 
-class ConfigSection;
+class ComponentConfig;
 class Mesh;
 class StepMetrics;
 
@@ -42,8 +42,8 @@ class HostContext {
 
   /// The context behind a keel_host pointer.
   static HostContext& from(keel_host* host);
-  /// The opaque handle of a config section.
-  static const keel_config* config_handle(const ConfigSection& section);
+  /// The opaque handle of a component's config.
+  static const keel_config* config_handle(const ComponentConfig& config);
 
  private:
   friend struct HostApi;

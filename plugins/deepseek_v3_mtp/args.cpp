@@ -84,6 +84,8 @@ const std::vector<keel::Flavor<Args>>& flavors() {
 
 }  // namespace
 
+std::vector<keel::ConfigKey> config_keys() { return keel::field_keys(flavors(), fields(), "debug"); }
+
 Args read_args(keel::Config& c) {
   Args a = keel::read_fields(c, flavors(), fields(), "debug");
   if (a.qk_rope_head_dim % 2 != 0)

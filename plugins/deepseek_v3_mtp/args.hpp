@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace deepseek_v3 {
 
@@ -53,5 +54,8 @@ struct Args {
 
 /// The flavor named in `model.flavor` with every key of the table applied on top.
 Args read_args(keel::Config& config);
+
+/// Every key read_args() reads: `flavor` and one per field, each with every flavor's value.
+std::vector<keel::ConfigKey> config_keys();
 
 }  // namespace deepseek_v3

@@ -21,6 +21,7 @@ namespace {
 class DeepSeekV3 {
  public:
   static constexpr const char* export_formats = "hf";
+  static std::vector<keel::ConfigKey> config_keys() { return deepseek_v3::config_keys(); }
 
   DeepSeekV3(keel::Host host, keel::Config& config)
       : host_(host), args_(deepseek_v3::read_args(config)), mesh_(host.mesh()) {
@@ -89,7 +90,7 @@ class DeepSeekV3 {
 
 }  // namespace
 
-KEEL_PLUGIN("deepseek_v3_mtp", "1.2.0",
+KEEL_PLUGIN("deepseek_v3_mtp", "1.3.0",
             keel::model_component<DeepSeekV3>("deepseek_v3_mtp",
                                               "DeepSeek-V3: MLA, DeepSeekMoE with aux-loss-free balancing, "
                                               "multi-token prediction",

@@ -38,6 +38,8 @@ const std::vector<keel::Flavor<Args>>& flavors() {
 
 }  // namespace
 
+std::vector<keel::ConfigKey> config_keys() { return keel::field_keys(flavors(), fields(), "debug"); }
+
 Args read_args(keel::Config& config) {
   Args a = keel::read_fields(config, flavors(), fields(), "debug");
   if (a.dim % a.n_heads != 0)

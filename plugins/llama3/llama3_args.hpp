@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace llama3 {
 
@@ -25,5 +26,8 @@ struct Args {
 /// The flavor named in `model.flavor` (tiny, debug, 8b) with every key of the table applied
 /// on top; impossible shapes are config errors naming the key.
 Args read_args(keel::Config& config);
+
+/// Every key read_args() reads: `flavor` and one per field, each with every flavor's value.
+std::vector<keel::ConfigKey> config_keys();
 
 }  // namespace llama3

@@ -19,6 +19,7 @@ namespace {
 class Llama3 {
  public:
   static constexpr const char* export_formats = "hf";
+  static std::vector<keel::ConfigKey> config_keys() { return llama3::config_keys(); }
 
   Llama3(keel::Host host, keel::Config& config) : host_(host), args_(llama3::read_args(config)) {}
 
@@ -51,6 +52,6 @@ class Llama3 {
 
 }  // namespace
 
-KEEL_PLUGIN("llama3", "1.2.0",
+KEEL_PLUGIN("llama3", "1.3.0",
             keel::model_component<Llama3>("llama3", "Llama 3 (RMSNorm, RoPE, grouped-query attention, SwiGLU)",
                                           KEEL_HOOK_PRE_CLIP_CAPTURE_SAFE))

@@ -15,11 +15,16 @@
 
 namespace {
 
+const keel::Key<double> kMaxNorm{"max_norm", 1.0, "the largest total gradient norm; larger ones are scaled down to it"};
+const keel::Key<std::string> kNormType{"norm_type", "2", "\"2\" (L2 norm) or \"inf\" (largest absolute value)"};
+
 class NormClipper {
  public:
-  NormClipper(keel::Host host, keel::Config& config) : host_(host), max_norm_(config.real("max_norm", 1.0)) {
+  static std::vector<keel::ConfigKey> config_keys() { return {kMaxNorm, kNormType}; }
+
+  NormClipper(keel::Host host, keel::Config& config) : host_(host), max_norm_(config.get(kMaxNorm)) {
     if (!(max_norm_ > 0) || !std::isfinite(max_norm_)) config.invalid("max_norm", "must be a positive number");
-    std::string norm_type = config.string("norm_type", "2");
+    std::string norm_type = config.get(kNormType);
     if (norm_type != "2" && norm_type != "inf")
       config.invalid("norm_type", "must be \"2\" or \"inf\", got \"" + norm_type + "\"");
     inf_ = norm_type == "inf";
@@ -94,7 +99,7 @@ class NormClipper {
 
 }  // namespace
 
-KEEL_PLUGIN("norm_clipper", "1.0.0",
+KEEL_PLUGIN("norm_clipper", "1.1.0",
             keel::clipper_component<NormClipper>("norm_clipper",
                                                  "Global-norm gradient clipping over logical parameters "
                                                  "(REPLICA-aware, expert part over ep, all over pp)",

@@ -31,7 +31,7 @@ log_interval = 2
 TEST(KeelTrain, VersionAndHelp) {
   auto version = test::run_command(test::bin_dir() + "/keel-train --version");
   EXPECT_EQ(version.status, 0);
-  EXPECT_HAS(version.output, "plugin ABI 1.2, LibTorch 2.15");
+  EXPECT_HAS(version.output, "plugin ABI 1.3, LibTorch 2.15");
   auto help = test::run_command(test::bin_dir() + "/keel-train --help");
   EXPECT_EQ(help.status, 0);
   EXPECT_HAS(help.output, "--dry-run");
@@ -106,9 +106,19 @@ TEST(KeelPlugin, InspectPrintsDescriptorAndRefusesNonPlugins) {
   auto ok =
       test::run_command(test::bin_dir() + "/keel-plugin inspect norm_clipper --plugin-path " + test::plugin_dir());
   ASSERT_EQ(ok.status, 0) << ok.output;
-  EXPECT_HAS(ok.output, "abi        1.2");
+  EXPECT_HAS(ok.output, "abi        1.3");
   EXPECT_HAS(ok.output, "clipper  norm_clipper");
   EXPECT_HAS(ok.output, "clip [capture-safe]");
+  // What the clipper reads, with defaults, before a user writes its table.
+  EXPECT_HAS(ok.output,
+             "config keys ([clipper.norm_clipper], or [clipper] beside plugin = ...):\n"
+             "             max_norm   float    1.0  the largest total gradient norm");
+  EXPECT_HAS(ok.output, "             norm_type  string   \"2\"  \"2\" (L2 norm) or \"inf\"");
+  auto model = test::run_command(test::bin_dir() + "/keel-plugin inspect llama3 --plugin-path " + test::plugin_dir());
+  ASSERT_EQ(model.status, 0) << model.output;
+  EXPECT_HAS(model.output, "flavor          string   \"debug\"  the named size: tiny, debug, 8b");
+  EXPECT_HAS(model.output,
+             "dim             integer  -        from the flavor: tiny 64, debug 256, 8b 4096; at least 1");
   auto bad =
       test::run_command(test::bin_dir() + "/keel-plugin inspect " + test::test_plugin_dir() + "/not_a_plugin.so");
   EXPECT_EQ(bad.status, 2);

@@ -5,12 +5,18 @@
 
 #include <span>
 #include <string>
+#include <vector>
 
 namespace {
 
+const keel::Key<double> kClipValue{"clip_value", 0.01,
+                                   "every gradient element is clamped to [-clip_value, clip_value]"};
+
 class ValueClipper {
  public:
-  ValueClipper(keel::Host host, keel::Config& config) : host_(host), clip_value_(config.real("clip_value", 0.01)) {
+  static std::vector<keel::ConfigKey> config_keys() { return {kClipValue}; }
+
+  ValueClipper(keel::Host host, keel::Config& config) : host_(host), clip_value_(config.get(kClipValue)) {
     if (!(clip_value_ > 0)) config.invalid("clip_value", "must be positive");
     host.info("value_clipper: clamping gradients to +-" + std::to_string(clip_value_));
   }

@@ -1,11 +1,13 @@
 // Clippers that fail on purpose, written with the C++ helpers: one reports an error from
-// create, one throws from create, one raises a LibTorch error from clip at run time; and one
-// that works but reads the device on the host, so it does not declare clip() capture-safe.
+// create, one throws from create, one raises a LibTorch error from clip at run time, one reads
+// a config key it does not declare; and one that works but reads the device on the host, so
+// it does not declare clip() capture-safe.
 #include <keel/keel.hpp>
 
 #include <memory>
 #include <span>
 #include <stdexcept>
+#include <vector>
 
 namespace {
 
@@ -63,7 +65,16 @@ class HostSyncClipper {
 
 }  // namespace
 
+// Declares `limit` but reads `limt` too: the host refuses the undeclared read.
+class ReadsUndeclared {
+ public:
+  static std::vector<keel::ConfigKey> config_keys() { return {keel::Key<double>{"limit", 1.0, "declared"}}; }
+  ReadsUndeclared(keel::Host, keel::Config& config) { config.real("limt", 1.0); }
+  at::Tensor clip(std::span<const keel::ParamView>) { return {}; }
+};
+
 KEEL_PLUGIN("faulty", "0.0.1", keel::clipper_component<ReturnsError>("returns_error", "create reports an error"),
             keel::clipper_component<Throws>("throws", "create throws std::out_of_range"),
             keel::clipper_component<ThrowsInClip>("throws_in_clip", "clip raises a c10::Error"),
-            keel::clipper_component<HostSyncClipper>("host_sync", "norm clipping with a host read: not capture-safe"))
+            keel::clipper_component<HostSyncClipper>("host_sync", "norm clipping with a host read: not capture-safe"),
+            keel::clipper_component<ReadsUndeclared>("reads_undeclared", "reads a config key it does not declare"))

@@ -1,10 +1,11 @@
 // One trainable model and one clipper on the raw ABI, built once per ABI minor to prove that
-// plugins of every minor load and train in this host (KEEL_TEST_MINOR = 0, 1, 2 or 3):
+// plugins of every minor load and train in this host (KEEL_TEST_MINOR = 0 to 4):
 //   1.0: component and model vtable end where 1.0 ended; what lies beyond them (an export
 //        function, an extension chain) are traps a host reading past struct_size would use.
 //   1.1: the model vtable carries export_state.
 //   1.2: export is an extension; the vtable's export_state is NULL.
-//   1.3: a newer plugin: a larger component struct and an extension this host cannot know,
+//   1.3: the clipper declares the one config key it reads (bound), as an extension.
+//   1.4: a newer plugin: a larger component struct and an extension this host cannot know,
 //        listed before the export extension.
 // The model is a bigram language model (an embedding and an output head, one stage).
 #include <ATen/ATen.h>
@@ -124,10 +125,15 @@ keel_status forward(keel_part* part, const keel_forward_inputs* in, keel_forward
   return KEEL_ERROR_INTERNAL;
 }
 
-// The clipper: clamps every gradient to [-1, 1] and reports the L2 norm before clamping.
+// The clipper: clamps every gradient to [-bound, bound] (from 1.3 `bound` is a declared config
+// key, default 1.0) and reports the L2 norm before clamping.
 keel_host* clipper_host = nullptr;
-keel_status clipper_create(keel_host* host, const keel_config*, keel_clipper** out) {
+double bound = 1.0;
+keel_status clipper_create(keel_host* host, [[maybe_unused]] const keel_config* config, keel_clipper** out) {
   clipper_host = host;
+#if KEEL_TEST_MINOR >= 3
+  if (keel_status s = host->api->config_float(host, config, "bound", 1.0, &bound, nullptr)) return s;
+#endif
   *out = reinterpret_cast<keel_clipper*>(&clipper_host);
   return KEEL_OK;
 }
@@ -139,7 +145,7 @@ keel_status clip(keel_clipper*, const keel_param_info* const* params, size_t cou
       at::Tensor grad = tensor(params[i]->tensor).grad();
       if (!grad.defined()) continue;
       sq = sq + grad.to(at::kFloat).square().sum();
-      grad.clamp_(-1.0, 1.0);
+      grad.clamp_(-bound, bound);
     }
     tensor(total_norm) = sq.sqrt();
   });
@@ -184,10 +190,21 @@ struct FutureComponent {
   const void* appended;
 };
 
+#if KEEL_TEST_MINOR >= 3
+const keel_config_key bound_key = {sizeof(keel_config_key), "bound", KEEL_CONFIG_FLOAT, "1.0",
+                                   "gradients are clamped to [-bound, bound]"};
+const keel_config_key* const clipper_keys[] = {&bound_key};
+const keel_config_keys_extension clipper_config_keys = {
+    {sizeof(keel_config_keys_extension), KEEL_EXTENSION_CONFIG_KEYS, nullptr}, clipper_keys, 1};
+const keel_extension* const kClipperExtensions = &clipper_config_keys.base;
+#else
+const keel_extension* const kClipperExtensions = nullptr;
+#endif
+
 #if KEEL_TEST_MINOR == 0 || KEEL_TEST_MINOR == 1
 constexpr size_t kComponentSize = KEEL_COMPONENT_SIZE_1_0;
 const keel_extension* const kExtensions = &export_extension.base;  // beyond struct_size: a trap
-#elif KEEL_TEST_MINOR == 2
+#elif KEEL_TEST_MINOR == 2 || KEEL_TEST_MINOR == 3
 constexpr size_t kComponentSize = KEEL_COMPONENT_SIZE_1_2;
 const keel_extension* const kExtensions = &export_extension.base;
 #else
@@ -198,7 +215,8 @@ const keel_extension* const kExtensions = &future_extension.base;
 const FutureComponent model_component = {
     {kComponentSize, KEEL_COMPONENT_MODEL, "model", "bigram model", &model_vtable, kExtensions}, nullptr};
 const FutureComponent clipper_component = {
-    {kComponentSize, KEEL_COMPONENT_CLIPPER, "clipper", "clamps gradients", &clipper_vtable, nullptr}, nullptr};
+    {kComponentSize, KEEL_COMPONENT_CLIPPER, "clipper", "clamps gradients", &clipper_vtable, kClipperExtensions},
+    nullptr};
 const keel_component* const components[] = {&model_component.component, &clipper_component.component};
 
 }  // namespace

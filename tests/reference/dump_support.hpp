@@ -5,7 +5,9 @@
 #include <c10/core/GradMode.h>
 #include <keel/keel.hpp>
 
+#include <deque>
 #include <map>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -16,6 +18,7 @@
 #include "config/config_tree.hpp"
 #include "mesh/mesh.hpp"
 #include "metrics/step_metrics.hpp"
+#include "plugins/component_config.hpp"
 #include "plugins/host_context.hpp"
 
 namespace keel::dump {
@@ -27,9 +30,13 @@ struct DumpHost {
   keel::HostContext context;
 
   explicit DumpHost(const std::string& label) : context(label, {&mesh, &metrics}) {}
-  /// Typed access to a config table through this host.
+  std::optional<std::vector<keel::DeclaredConfigKey>> undeclared;  // a dump reads whatever the table holds
+  std::deque<keel::ComponentConfig> configs;
+
+  /// Typed access to a config table through this host (valid while the host lives).
   keel::Config config(const keel::ConfigSection& section) {
-    return keel::Config(context.raw(), keel::HostContext::config_handle(section));
+    configs.emplace_back(section, undeclared);
+    return keel::Config(context.raw(), keel::HostContext::config_handle(configs.back()));
   }
 };
 

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <keel/fields.hpp>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -9,6 +10,7 @@
 #include "config/config_tree.hpp"
 #include "mesh/mesh.hpp"
 #include "metrics/step_metrics.hpp"
+#include "plugins/component_config.hpp"
 #include "plugins/host_context.hpp"
 
 namespace keel {
@@ -36,8 +38,9 @@ class Fields : public ::testing::Test {
   // The Sizes of `table`, or the config error's message.
   Sizes read(const std::string& table, std::string* error = nullptr) {
     ConfigTree tree = ConfigTree::from_string("[model]\n" + table, "job.toml");
-    ConfigSection section = tree.section("model");
-    Config config(context_.raw(), HostContext::config_handle(section));
+    const std::optional<std::vector<DeclaredConfigKey>> undeclared;
+    ComponentConfig component(tree.section("model"), undeclared);
+    Config config(context_.raw(), HostContext::config_handle(component));
     try {
       return read_fields(config, kFlavors, kFields, "small");
     } catch (const HostReported& e) {

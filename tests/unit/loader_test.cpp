@@ -51,7 +51,7 @@ TEST(PluginLoader, TooSmallDescriptorIsRefused) {
 
 TEST(PluginLoader, AbiMajorMismatchNamesBothVersions) {
   std::string m = load_error("abi_major");
-  EXPECT_HAS(m, "was built for Keel ABI 99.0, this host speaks ABI 1.2: rebuild it against SDK 1");
+  EXPECT_HAS(m, "was built for Keel ABI 99.0, this host speaks ABI 1.3: rebuild it against SDK 1");
 }
 
 TEST(PluginLoader, LibTorchMismatchNamesBothVersions) {
@@ -132,6 +132,19 @@ TEST_F(FaultyClipper, ThrownExceptionBecomesAStatusAndAMessage) {
     FAIL();
   } catch (const std::runtime_error& e) {
     EXPECT_HAS(std::string(e.what()), "clipper throws (faulty): create failed: vector index 7 >= 3 (test)");
+  }
+}
+
+TEST_F(FaultyClipper, AReadOfAnUndeclaredKeyIsThePluginsBugNotTheUsers) {
+  try {
+    make("reads_undeclared");
+    FAIL();
+  } catch (const InputError& e) {
+    FAIL() << "reported as bad input: " << e.what();
+  } catch (const std::runtime_error& e) {
+    EXPECT_HAS(std::string(e.what()),
+               "clipper reads_undeclared (faulty): create failed: reads config key 'limt', "
+               "which its config keys extension does not declare");
   }
 }
 

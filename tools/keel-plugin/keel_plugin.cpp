@@ -1,7 +1,8 @@
 // keel-plugin inspect PATH|NAME: runs the host's own validation on a plugin, then prints its
-// descriptor: ABI, LibTorch, components and which hooks they provide.
+// descriptor: ABI, LibTorch, components, the hooks they provide and the config keys they read.
 #include <torch/headeronly/version.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdio>
 #include <string>
@@ -49,6 +50,29 @@ std::string hooks(const keel_component& c, const keel::ComponentExtensions& exte
   return out.empty() ? "none" : keel::join(out, ", ");
 }
 
+const char* role_of(const keel_component& c) { return c.kind == KEEL_COMPONENT_MODEL ? "model" : "clipper"; }
+
+// The keys a component declares, one per line in aligned columns: name, type, default, doc.
+void print_config_keys(const keel_component& c, const keel::ComponentExtensions& extensions) {
+  if (!extensions.config_keys) {
+    std::printf("           config keys: not declared (the plugin predates ABI 1.3 or does not list them)\n");
+    return;
+  }
+  const std::vector<keel::DeclaredConfigKey>& keys = *extensions.config_keys;
+  std::printf("           config keys ([%s.%s], or [%s] beside plugin = ...):%s\n", role_of(c), c.name, role_of(c),
+              keys.empty() ? " none" : "");
+  size_t name_width = 0, default_width = 0;
+  auto shown_default = [](const keel::DeclaredConfigKey& k) { return k.default_value ? k.default_text : "-"; };
+  for (const keel::DeclaredConfigKey& k : keys) {
+    name_width = std::max(name_width, k.name.size());
+    default_width = std::max(default_width, shown_default(k).size());
+  }
+  for (const keel::DeclaredConfigKey& k : keys)
+    std::printf("             %-*s  %-7s  %-*s  %s\n", static_cast<int>(name_width), k.name.c_str(),
+                keel::config_type_name(k.type), static_cast<int>(default_width), shown_default(k).c_str(),
+                k.doc.c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -81,6 +105,7 @@ int main(int argc, char** argv) {
       std::printf("  %-8s %s — %s\n", keel::kind_name(c.kind), c.name, c.description != nullptr ? c.description : "");
       const keel::ComponentExtensions extensions = keel::read_extensions(plugin.path, c);
       std::printf("           hooks: %s\n", hooks(c, extensions).c_str());
+      print_config_keys(c, extensions);
       if (!extensions.unknown.empty()) {
         std::vector<std::string> types;
         for (int32_t t : extensions.unknown) types.push_back(std::to_string(t));

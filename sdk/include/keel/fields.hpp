@@ -1,13 +1,17 @@
 // keel/fields.hpp — a model's sizes as data: one row per config key (the member of the
 // plugin's Args it sets and, for an integer, the least value it may take) and one row per
-// flavor (a named Args value). read_fields() turns a [model] table into Args with both.
+// flavor (a named Args value). read_fields() turns a [model] table into Args with both, and
+// field_keys() declares the same keys (keel/config_keys.hpp) for the host's listing.
 #pragma once
 
+#include <keel/config_keys.hpp>
 #include <keel/host.hpp>
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -63,6 +67,33 @@ A read_fields(const Config& config, const std::vector<Flavor<A>>& flavors, const
                      "must be at least " + std::to_string(*field.minimum) + ", got " + std::to_string(value));
   }
   return args;
+}
+
+/// The keys read_fields() reads, declared: `flavor` (default `fallback`) and every field, whose
+/// default is not fixed (its flavor sets it); each field's doc lists every flavor's value.
+template <class A>
+std::vector<ConfigKey> field_keys(const std::vector<Flavor<A>>& flavors, const std::vector<Field<A>>& fields,
+                                  const char* fallback) {
+  std::string names;
+  for (const Flavor<A>& f : flavors) names.append(names.empty() ? "" : ", ").append(f.name);
+  std::vector<ConfigKey> keys = {
+      ConfigKey("flavor", KEEL_CONFIG_STRING, toml_text(std::string(fallback)), "the named size: " + names)};
+  for (const Field<A>& field : fields) {
+    std::visit(
+        [&](auto member) {
+          using T = std::remove_cvref_t<decltype(std::declval<A>().*member)>;
+          std::string doc = "from the flavor:";
+          const char* separator = " ";
+          for (const Flavor<A>& f : flavors) {
+            doc.append(separator).append(f.name).append(" ").append(toml_text(f.args.*member));
+            separator = ", ";
+          }
+          if (field.minimum) doc += "; at least " + std::to_string(*field.minimum);
+          keys.emplace_back(field.key, config_type_of<T>(), std::nullopt, std::move(doc));
+        },
+        field.member);
+  }
+  return keys;
 }
 
 }  // namespace keel

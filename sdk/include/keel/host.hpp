@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <keel/keel.h>
+#include <keel/config_keys.hpp>
 
 #include <exception>
 #include <string>
@@ -124,6 +125,14 @@ class Config {
     check(host_->api->config_string(host_, config_, key, fallback, &out, nullptr), host_);
     return out != nullptr ? std::string(out) : std::string();
   }
+  /// The value of a declared key, or its default when absent.
+  int64_t get(const Key<int64_t>& key) const { return integer(key.name, key.fallback); }
+  /// The value of a declared key, or its default when absent.
+  double get(const Key<double>& key) const { return real(key.name, key.fallback); }
+  /// The value of a declared key, or its default when absent.
+  bool get(const Key<bool>& key) const { return boolean(key.name, key.fallback); }
+  /// The value of a declared key, or its default when absent.
+  std::string get(const Key<std::string>& key) const { return string(key.name, key.fallback.c_str()); }
   /// Overwrites `value` with the key's value when present (the current value is the default).
   void update(const char* key, int64_t& value) const { value = integer(key, value); }
   /// Overwrites `value` with the key's number when present.

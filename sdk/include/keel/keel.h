@@ -20,7 +20,8 @@
  *   - History: 1.0: the first release. 1.1: model export (keel_export_sink and
  *     keel_model_vtable.export_state). 1.2: extensions (keel_component.extensions; export
  *     moves to KEEL_EXTENSION_MODEL_EXPORT), the thread contract, host-owned parameter records
- *     for clippers, keel_host_api.last_error.
+ *     for clippers, keel_host_api.last_error. 1.3: KEEL_EXTENSION_CONFIG_KEYS (a component
+ *     declares the keys of its config table).
  *
  * Ownership and lifetime:
  *   - Every pointer handed across the boundary is borrowed for the duration of the call unless
@@ -127,7 +128,7 @@ extern "C" {
 /* ---------------------------------------------------------------- versions and basics */
 
 #define KEEL_ABI_MAJOR 1
-#define KEEL_ABI_MINOR 2
+#define KEEL_ABI_MINOR 3
 
 /* The size of struct T up to and including `last_field`: the minimum struct_size a receiver
  * needs when it reads fields up to that one (sizeof(T) may add trailing padding). */
@@ -273,8 +274,10 @@ typedef struct keel_host_api {
    * the host reads it lazily, never inside a step). [capture-safe: no][any-thread] */
   keel_status (*report_metric)(keel_host* host, const char* name, const keel_tensor* value, keel_metric_reduce reduce);
 
-  /* Typed access to the component's own config table. Each getter marks the key as read;
-   * after create() the host reports every unread key as an error, naming file and line.
+  /* Typed access to the component's own config table ([clipper.<component>], or the role
+   * table [clipper] in the flat form). Each getter marks the key as read; after create() the
+   * host reports every unread key as an error, naming file and line. A component declaring
+   * KEEL_EXTENSION_CONFIG_KEYS reads only what it declares, as declared.
    * `found` (may be NULL) says whether the key was present; absent keys yield `fallback`.
    * A present key of the wrong type is an error naming the key and its position.
    * [train-thread] for all five config functions. */
@@ -527,7 +530,8 @@ typedef struct keel_extension {
 #define KEEL_MAX_EXTENSIONS 64
 
 enum {
-  KEEL_EXTENSION_MODEL_EXPORT = 1 /* keel_model_export_extension, on a MODEL component     */
+  KEEL_EXTENSION_MODEL_EXPORT = 1, /* keel_model_export_extension, on a MODEL component     */
+  KEEL_EXTENSION_CONFIG_KEYS = 2   /* keel_config_keys_extension, on any component (1.3)    */
 };
 
 /* Model export (the 1.1 vtable field export_state, as an extension). */
@@ -545,6 +549,41 @@ typedef struct keel_model_export_extension {
 
 #define KEEL_EXTENSION_SIZE_1_2 KEEL_STRUCT_SIZE(keel_extension, next)
 #define KEEL_MODEL_EXPORT_EXTENSION_SIZE_1_2 KEEL_STRUCT_SIZE(keel_model_export_extension, export_state)
+
+/* The getter a config key is read with. */
+typedef enum keel_config_type {
+  KEEL_CONFIG_INT = 1,   /* config_int    */
+  KEEL_CONFIG_FLOAT = 2, /* config_float  */
+  KEEL_CONFIG_BOOL = 3,  /* config_bool   */
+  KEEL_CONFIG_STRING = 4 /* config_string */
+} keel_config_type;
+
+/* One key of a component's config table. */
+typedef struct keel_config_key {
+  size_t struct_size;
+  const char* name; /* [a-z0-9_]+, at most 64 bytes, unique within the component             */
+  int32_t type;     /* a keel_config_type                                                    */
+  /* The default as a TOML value of `type` ("1.0", "\"2\"", "true"): the `fallback` the
+   * component passes when it reads the key. NULL when the default is not fixed (a model's
+   * size that comes from its flavor). */
+  const char* default_value;
+  const char* doc; /* one line for listings, or NULL                                         */
+} keel_config_key;
+
+/* The keys a component reads from its config table (static, like the descriptor). A user sees
+ * them with `keel-plugin inspect` before writing the table, and the host names them when a
+ * table holds a key the component does not read. The host holds the component to the list: a
+ * read of an undeclared key, with another getter, or with a fallback other than a fixed
+ * default_value fails (KEEL_ERROR_INTERNAL), so the listing cannot drift from the code. */
+typedef struct keel_config_keys_extension {
+  keel_extension base; /* type = KEEL_EXTENSION_CONFIG_KEYS                                   */
+  const keel_config_key* const* keys;
+  size_t count; /* at most KEEL_MAX_CONFIG_KEYS                                               */
+} keel_config_keys_extension;
+
+#define KEEL_MAX_CONFIG_KEYS 1024
+#define KEEL_CONFIG_KEY_SIZE_1_3 KEEL_STRUCT_SIZE(keel_config_key, doc)
+#define KEEL_CONFIG_KEYS_EXTENSION_SIZE_1_3 KEEL_STRUCT_SIZE(keel_config_keys_extension, count)
 
 /* ---------------------------------------------------------------- the descriptor */
 

@@ -5,6 +5,7 @@
 // to the host (config, mesh, collectives, metrics). Nothing here is part of the ABI: a plugin
 // may ignore this header and implement keel.h directly. The parts, by concern:
 //   keel/host.hpp        handles, errors, guard(), Config, WorkHandle and the Host wrapper
+//   keel/config_keys.hpp Key and ConfigKey: the config keys a component declares
 //   keel/param_view.hpp  ParamView, the accessor of a parameter record
 //   keel/part.hpp        parameter declaration and the Part base class of a model part
 //   keel/export.hpp      ExportSink and helpers shared by export formats
@@ -16,6 +17,7 @@
 #pragma once
 
 #include <keel/keel.h>
+#include <keel/config_keys.hpp>
 #include <keel/export.hpp>
 #include <keel/fields.hpp>
 #include <keel/host.hpp>

@@ -181,6 +181,40 @@ struct ClipperAdapter {
   }
 };
 
+/// The KEEL_EXTENSION_CONFIG_KEYS extension of T::config_keys(), chained before `next`; built
+/// once and kept for the process, like the descriptor it hangs from.
+template <class T>
+const keel_extension* config_keys_extension(const keel_extension* next) {
+  struct Table {
+    std::vector<ConfigKey> keys;
+    std::vector<keel_config_key> entries;
+    std::vector<const keel_config_key*> pointers;
+    keel_config_keys_extension extension{};
+  };
+  static const Table* table = [next] {
+    auto* t = new Table{T::config_keys(), {}, {}, {}};  // never freed: plugins are never unloaded
+    t->entries.reserve(t->keys.size());
+    for (const ConfigKey& k : t->keys)
+      t->entries.push_back({sizeof(keel_config_key), k.name.c_str(), k.type,
+                            k.default_value ? k.default_value->c_str() : nullptr, k.doc.c_str()});
+    for (const keel_config_key& entry : t->entries) t->pointers.push_back(&entry);
+    t->extension.base = {sizeof(keel_config_keys_extension), KEEL_EXTENSION_CONFIG_KEYS, next};
+    t->extension.keys = t->pointers.data();
+    t->extension.count = t->pointers.size();
+    return t;
+  }();
+  return &table->extension.base;
+}
+
+/// `next` with T's config keys chained in front when T declares them.
+template <class T>
+const keel_extension* with_config_keys(const keel_extension* next) {
+  if constexpr (requires { T::config_keys(); })
+    return config_keys_extension<T>(next);
+  else
+    return next;
+}
+
 template <class M>
 constexpr bool has_export = requires(M& m, const std::string& format, const std::map<std::string, at::Tensor>& state,
                                      ExportSink& sink) {
@@ -195,8 +229,10 @@ constexpr bool has_export = requires(M& m, const std::string& format, const std:
 /// and optionally post_init(), pre_clip(), post_step() and
 ///   void export_state(const std::string& format, const std::map<std::string, at::Tensor>& state,
 ///                     keel::ExportSink& sink);
-/// with `static constexpr const char* export_formats = "hf";` naming the formats. A hook M
-/// lacks is NULL in the vtable; export is offered as a KEEL_EXTENSION_MODEL_EXPORT extension.
+/// with `static constexpr const char* export_formats = "hf";` naming the formats, and
+///   static std::vector<keel::ConfigKey> config_keys();
+/// declaring every key it reads (keel/config_keys.hpp). A hook M lacks is NULL in the vtable;
+/// export and config keys are offered as extensions.
 /// `hook_flags` declares capture-safe hooks (KEEL_HOOK_*_CAPTURE_SAFE). Every member function
 /// is called on the train thread.
 template <class M>
@@ -233,8 +269,12 @@ const keel_component* model_component(const char* name, const char* description,
     }();
     extensions = &export_extension.base;
   }
-  static const keel_component component{
-      sizeof(keel_component), KEEL_COMPONENT_MODEL, name, description, &vtable, extensions};
+  static const keel_component component{sizeof(keel_component),
+                                        KEEL_COMPONENT_MODEL,
+                                        name,
+                                        description,
+                                        &vtable,
+                                        detail::with_config_keys<M>(extensions)};
   return &component;
 }
 
@@ -243,7 +283,8 @@ const keel_component* model_component(const char* name, const char* description,
 ///   at::Tensor clip(std::span<const keel::ParamView>);
 /// and optionally void bind(std::span<const keel::ParamView>) (once, before the first clip,
 /// with the views clip() then receives every step: sort them into static lists there) and
-/// keel::StateList state(). Every member function is called on the train thread.
+/// keel::StateList state(), and static std::vector<keel::ConfigKey> config_keys() declaring
+/// every key it reads. Every member function is called on the train thread.
 template <class C>
 const keel_component* clipper_component(const char* name, const char* description, uint32_t hook_flags = 0) {
   using A = detail::ClipperAdapter<C>;
@@ -259,7 +300,7 @@ const keel_component* clipper_component(const char* name, const char* descriptio
     return v;
   }();
   static const keel_component component{
-      sizeof(keel_component), KEEL_COMPONENT_CLIPPER, name, description, &vtable, nullptr};
+      sizeof(keel_component), KEEL_COMPONENT_CLIPPER, name, description, &vtable, detail::with_config_keys<C>(nullptr)};
   return &component;
 }
 
