@@ -1,5 +1,7 @@
 #include "config/config_tree.hpp"
 
+#include <keel/config_keys.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -36,30 +38,40 @@ const char* type_name(const toml::value& value) {
   }
 }
 
-// The shortest decimal that reads back as the same double, always with a '.' or exponent so
-// TOML keeps it a float (toml11 prints 17 digits: 0.00029999999999999997).
-std::string float_text(double value) {
-  if (!std::isfinite(value)) return value != value ? "nan" : value > 0 ? "inf" : "-inf";
-  for (int precision = 1; precision <= 17; ++precision) {
-    std::string text = format("%.*g", precision, value);
-    if (std::strtod(text.c_str(), nullptr) == value) {
-      if (text.find_first_of(".en") == std::string::npos) text += ".0";
-      return text;
-    }
-  }
-  return format("%.17g", value);
-}
-
 std::string value_text(const toml::value& value) {
-  if (value.is_floating()) return float_text(value.as_floating());
+  // The SDK's TOML writer: shortest round-trip floats, strings always one escaped line
+  // (toml::format may choose a multi-line string and writes some control characters raw).
+  if (value.is_floating()) return toml_text(value.as_floating());
+  if (value.is_string()) return toml_text(value.as_string().str);
   if (value.is_array()) {
     std::vector<std::string> items;
     for (const toml::value& item : value.as_array()) items.push_back(value_text(item));
     return "[" + join(items, ", ") + "]";
   }
+  if (value.is_table()) {  // inline, keys sorted (toml11's tables are unordered maps)
+    std::vector<std::string> items;
+    for (const auto& [key, item] : value.as_table()) items.push_back(toml_key(key) + " = " + value_text(item));
+    std::sort(items.begin(), items.end());
+    return items.empty() ? "{}" : "{ " + join(items, ", ") + " }";
+  }
   std::string text = toml::format(value);
   while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
   return text;
+}
+
+bool is_bare_key(const std::string& key) {
+  return !key.empty() && std::all_of(key.begin(), key.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+  });
+}
+
+std::vector<std::string> split_dotted(const std::string& dotted) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  for (size_t dot; (dot = dotted.find('.', start)) != std::string::npos; start = dot + 1)
+    parts.push_back(dotted.substr(start, dot - start));
+  parts.push_back(dotted.substr(start));
+  return parts;
 }
 
 std::string short_text(const toml::value& value) {
@@ -90,6 +102,8 @@ std::string set_origin(const std::string& assignment) {
 
 }  // namespace
 
+std::string toml_key(const std::string& key) { return is_bare_key(key) ? key : toml_text(key); }
+
 ConfigTree ConfigTree::from_file(const std::string& path) {
   std::error_code error;
   if (std::filesystem::is_directory(path, error))
@@ -111,10 +125,10 @@ void ConfigTree::set(const std::string& assignment) {
   if (eq == std::string::npos || eq == 0) throw InputError(cat(origin, ": expected section.key=value"));
   std::string dotted = assignment.substr(0, eq);
   std::string text = assignment.substr(eq + 1);
-  size_t dot = dotted.find('.');
-  if (dot == std::string::npos || dot == 0 || dot + 1 == dotted.size() ||
-      dotted.find('.', dot + 1) != std::string::npos)
-    throw InputError(cat(origin, ": the key must be section.key, got '", dotted, "'"));
+  const std::vector<std::string> path = split_dotted(dotted);
+  if (path.size() < 2 || path.size() > 3 || !std::all_of(path.begin(), path.end(), is_bare_key))
+    throw InputError(cat(origin, ": the key must be section.key or section.table.key (names of letters, digits, '_' ",
+                         "and '-'), got '", dotted, "'"));
 
   toml::value parsed;
   check_utf8(assignment, origin);
@@ -132,36 +146,79 @@ void ConfigTree::set(const std::string& assignment) {
       throw InputError(cat(origin, ": the value is not valid TOML: ", e.what()));
     }
   }
-  std::string section = dotted.substr(0, dot);
-  std::string key = dotted.substr(dot + 1);
   if (!root_.is_table()) root_ = toml::table{};
-  toml::table& top = root_.as_table();
-  if (top.count(section) == 0) top[section] = toml::table{};
-  if (!top[section].is_table()) throw InputError(cat(origin, ": '", section, "' is not a table in ", source_));
-  top[section].as_table()[key] = parsed;
+  toml::value* table = &root_;
+  std::string prefix;
+  for (size_t i = 0; i + 1 < path.size(); ++i) {
+    prefix += (i == 0 ? "" : ".") + path[i];
+    toml::table& parent = table->as_table();
+    if (parent.count(path[i]) == 0) parent[path[i]] = toml::table{};
+    if (!parent[path[i]].is_table()) throw InputError(cat(origin, ": '", prefix, "' is not a table in ", source_));
+    table = &parent[path[i]];
+  }
+  toml::table& target = table->as_table();
+  auto existing = target.find(path.back());
+  if (existing != target.end() && existing->second.is_table())
+    throw InputError(
+        cat(origin, ": '", dotted, "' is a table in ", source_, "; set one of its keys (", dotted, ".KEY=VALUE)"));
+  target[path.back()] = parsed;
   override_origin_[dotted] = origin;
 }
 
-ConfigSection ConfigTree::section(const std::string& name) {
-  if (root_.is_table()) {
-    const toml::table& top = root_.as_table();
-    auto it = top.find(name);
-    if (it != top.end() && !it->second.is_table())
+ConfigSection ConfigTree::section(const std::string& name, const std::string& resolved_as) {
+  const toml::value* table = &root_;
+  std::string path;
+  for (const std::string& segment : split_dotted(name)) {
+    path += (path.empty() ? "" : ".") + segment;
+    read_.insert(path);
+    if (table == nullptr || !table->is_table()) continue;
+    auto it = table->as_table().find(segment);
+    if (it == table->as_table().end()) {
+      table = nullptr;
+      continue;
+    }
+    if (!it->second.is_table())
       throw InputError(
-          cat(where(it->second, name), ": '", name, "' must be a table ([", name, "]), found ", type_name(it->second)));
+          cat(where(it->second, path), ": '", path, "' must be a table ([", path, "]), found ", type_name(it->second)));
+    table = &it->second;
   }
-  read_.insert(name);
-  return ConfigSection(*this, name);
+  return ConfigSection(*this, name, resolved_as);
+}
+
+void ConfigTree::keep_unread(const std::string& section, const std::string& key) {
+  const std::string dotted = section + "." + toml_key(key);
+  kept_.insert(dotted);
+  const toml::value* table = find(section, key);
+  if (table == nullptr || !table->is_table()) return;
+  std::vector<std::pair<std::string, toml::value>> entries(table->as_table().begin(), table->as_table().end());
+  std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  resolved_section(dotted) = std::move(entries);
+}
+
+void ConfigTree::annotate(const std::string& name, std::string hint) { hints_[name] = std::move(hint); }
+
+std::string ConfigTree::override_inside(const std::string& name) const {
+  for (const auto& [dotted, origin] : override_origin_)
+    if (dotted.compare(0, name.size() + 1, name + ".") == 0) return origin;
+  return "";
+}
+
+const toml::value* ConfigTree::table_at(const std::string& section) const {
+  const toml::value* table = &root_;
+  for (const std::string& segment : split_dotted(section)) {
+    if (!table->is_table()) return nullptr;
+    auto it = table->as_table().find(segment);
+    if (it == table->as_table().end() || !it->second.is_table()) return nullptr;
+    table = &it->second;
+  }
+  return table;
 }
 
 const toml::value* ConfigTree::find(const std::string& section, const std::string& key) const {
-  if (!root_.is_table()) return nullptr;
-  const toml::table& top = root_.as_table();
-  auto s = top.find(section);
-  if (s == top.end() || !s->second.is_table()) return nullptr;
-  const toml::table& table = s->second.as_table();
-  auto k = table.find(key);
-  return k == table.end() ? nullptr : &k->second;
+  const toml::value* table = table_at(section);
+  if (table == nullptr) return nullptr;
+  auto k = table->as_table().find(key);
+  return k == table->as_table().end() ? nullptr : &k->second;
 }
 
 std::string ConfigTree::where(const toml::value& value, const std::string& dotted) const {
@@ -172,16 +229,20 @@ std::string ConfigTree::where(const toml::value& value, const std::string& dotte
   return cat(source_, ":", loc.line());
 }
 
-void ConfigTree::record(const std::string& section, const std::string& key, const toml::value& effective) {
+std::vector<std::pair<std::string, toml::value>>& ConfigTree::resolved_section(const std::string& name) {
+  auto s = std::find_if(resolved_.begin(), resolved_.end(), [&](const auto& entry) { return entry.first == name; });
+  if (s != resolved_.end()) return s->second;
+  resolved_.push_back({name, {}});
+  return resolved_.back().second;
+}
+
+void ConfigTree::record(const std::string& section, const std::string& resolved_as, const std::string& key,
+                        const toml::value& effective) {
   read_.insert(section + "." + key);
-  auto s = std::find_if(resolved_.begin(), resolved_.end(), [&](const auto& entry) { return entry.first == section; });
-  if (s == resolved_.end()) {
-    resolved_.push_back({section, {}});
-    s = resolved_.end() - 1;
-  }
-  auto k = std::find_if(s->second.begin(), s->second.end(), [&](const auto& entry) { return entry.first == key; });
-  if (k == s->second.end())
-    s->second.push_back({key, effective});
+  auto& keys = resolved_section(resolved_as);
+  auto k = std::find_if(keys.begin(), keys.end(), [&](const auto& entry) { return entry.first == key; });
+  if (k == keys.end())
+    keys.push_back({key, effective});
   else
     k->second = effective;
 }
@@ -189,13 +250,15 @@ void ConfigTree::record(const std::string& section, const std::string& key, cons
 void ConfigTree::collect_unread(const toml::value& table, const std::string& prefix,
                                 std::vector<std::string>& out) const {
   for (const auto& [key, value] : table.as_table()) {
-    std::string dotted = prefix.empty() ? key : prefix + "." + key;
+    std::string dotted = prefix.empty() ? toml_key(key) : prefix + "." + toml_key(key);
+    if (kept_.count(dotted) != 0) continue;
     if (read_.count(dotted) != 0) {
-      if (value.is_table() && prefix.empty()) collect_unread(value, dotted, out);
+      if (value.is_table()) collect_unread(value, dotted, out);
       continue;
     }
-    std::string what =
-        prefix.empty() && value.is_table() ? cat("unknown section [", dotted, "]") : cat("unknown key '", dotted, "'");
+    std::string what = value.is_table() ? cat("unknown section [", dotted, "]") : cat("unknown key '", dotted, "'");
+    auto hint = hints_.find(prefix);
+    if (hint != hints_.end()) what += "; " + hint->second;
     out.push_back(cat(where(value, dotted), ": ", what));
   }
 }
@@ -210,12 +273,26 @@ void ConfigTree::check_all_read() const {
 }
 
 std::string ConfigTree::resolved_toml() const {
+  std::vector<std::string> tops;  // first segments, in order of first appearance
+  for (const auto& entry : resolved_) {
+    std::string top = entry.first.substr(0, entry.first.find('.'));
+    if (std::find(tops.begin(), tops.end(), top) == tops.end()) tops.push_back(top);
+  }
   std::string out;
-  for (const auto& [section, keys] : resolved_) {
-    if (keys.empty()) continue;
+  auto emit = [&](const std::string& section, const std::vector<std::pair<std::string, toml::value>>& keys) {
+    if (keys.empty()) return;
     out += cat("[", section, "]\n");
-    for (const auto& [key, value] : keys) out += cat(key, " = ", value_text(value), "\n");
+    for (const auto& [key, value] : keys) out += cat(toml_key(key), " = ", value_text(value), "\n");
     out += "\n";
+  };
+  // Each table, then the sub-tables read, then those kept unread.
+  for (const std::string& top : tops) {
+    for (const auto& [section, keys] : resolved_)
+      if (section == top) emit(section, keys);
+    for (bool kept : {false, true})
+      for (const auto& [section, keys] : resolved_)
+        if (section.compare(0, top.size() + 1, top + ".") == 0 && (kept_.count(section) != 0) == kept)
+          emit(section, keys);
   }
   return out;
 }
@@ -226,13 +303,22 @@ const toml::value* ConfigSection::lookup(const std::string& key) const { return 
 
 bool ConfigSection::has(const std::string& key) const { return lookup(key) != nullptr; }
 
+bool ConfigSection::has_table(const std::string& key) const {
+  const toml::value* value = lookup(key);
+  return value != nullptr && value->is_table();
+}
+
+std::vector<std::string> ConfigSection::keys() const {
+  std::vector<std::string> out;
+  if (const toml::value* table = tree_->table_at(name_))
+    for (const auto& entry : table->as_table()) out.push_back(entry.first);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 std::string ConfigSection::where(const std::string& key) const {
   if (const toml::value* value = lookup(key)) return tree_->where(*value, dotted(key));
-  if (tree_->root_.is_table()) {
-    const toml::table& top = tree_->root_.as_table();
-    auto s = top.find(name_);
-    if (s != top.end()) return tree_->where(s->second, name_);
-  }
+  if (const toml::value* table = tree_->table_at(name_)) return tree_->where(*table, name_);
   return tree_->source_;
 }
 
@@ -254,7 +340,7 @@ int64_t ConfigSection::integer(const std::string& key, int64_t fallback) const {
     if (result == std::numeric_limits<int64_t>::max() || result == std::numeric_limits<int64_t>::min())
       invalid(key, "is beyond the range of a 64-bit integer");
   }
-  tree_->record(name_, key, toml::value(result));
+  tree_->record(name_, resolved_as_, key, toml::value(result));
   return result;
 }
 
@@ -280,7 +366,7 @@ double ConfigSection::real(const std::string& key, double fallback) const {
     if (!std::isfinite(result) || std::abs(result) == std::numeric_limits<double>::max())
       invalid(key, cat("must be a finite number within double's range, got ", short_text(*value)));
   }
-  tree_->record(name_, key, toml::value(result));
+  tree_->record(name_, resolved_as_, key, toml::value(result));
   return result;
 }
 
@@ -291,7 +377,7 @@ bool ConfigSection::boolean(const std::string& key, bool fallback) const {
     if (!value->is_boolean()) wrong_type(key, *value, "a boolean (true or false)");
     result = value->as_boolean();
   }
-  tree_->record(name_, key, toml::value(result));
+  tree_->record(name_, resolved_as_, key, toml::value(result));
   return result;
 }
 
@@ -302,7 +388,7 @@ std::string ConfigSection::string(const std::string& key, const std::string& fal
     if (!value->is_string()) wrong_type(key, *value, "a string");
     result = value->as_string().str;
   }
-  tree_->record(name_, key, toml::value(result));
+  tree_->record(name_, resolved_as_, key, toml::value(result));
   return result;
 }
 
@@ -310,7 +396,7 @@ std::string ConfigSection::string_or_integer(const std::string& key, const std::
   const toml::value* value = lookup(key);
   if (value != nullptr && value->is_integer()) {
     std::string result = std::to_string(value->as_integer());
-    tree_->record(name_, key, *value);
+    tree_->record(name_, resolved_as_, key, *value);
     return result;
   }
   return string(key, fallback);
@@ -341,7 +427,7 @@ std::vector<std::string> ConfigSection::strings(const std::string& key,
       result.push_back(item.as_string().str);
     }
   }
-  tree_->record(name_, key, toml::value(result));
+  tree_->record(name_, resolved_as_, key, toml::value(result));
   return result;
 }
 
@@ -360,7 +446,7 @@ std::vector<double> ConfigSection::reals(const std::string& key, const std::vect
         wrong_type(key, item, "an array of numbers");
     }
   }
-  tree_->record(name_, key, toml::value(result));
+  tree_->record(name_, resolved_as_, key, toml::value(result));
   return result;
 }
 
@@ -375,7 +461,7 @@ std::vector<int64_t> ConfigSection::integers(const std::string& key, const std::
       result.push_back(item.as_integer());
     }
   }
-  tree_->record(name_, key, toml::value(result));
+  tree_->record(name_, resolved_as_, key, toml::value(result));
   return result;
 }
 

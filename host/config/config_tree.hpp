@@ -1,5 +1,7 @@
 // The job's TOML configuration with --set overrides, typed reads that remember what was read,
 // and error messages that name the key and its position ("job.toml:12: training.steps: ...").
+// Tables nest one level for components ([clipper.norm_clipper]): a section's name is then
+// dotted, "clipper.norm_clipper".
 #pragma once
 
 #include <algorithm>
@@ -27,13 +29,24 @@ class ConfigTree {
   /// Parses TOML text; `name` stands for the file name in messages.
   static ConfigTree from_string(const std::string& text, const std::string& name);
 
-  /// Applies one "section.key=value" override (TOML value syntax; a bare word is a string).
+  /// Applies one "section.key=value" or "section.table.key=value" override (TOML value
+  /// syntax; a bare word is a string).
   void set(const std::string& assignment);
-  /// A view of the table `name` (empty when absent). Several views of one table may coexist.
-  ConfigSection section(const std::string& name);
+  /// A view of the table `name` ("clipper" or "clipper.norm_clipper"; empty when absent), its
+  /// reads resolved under `resolved_as` (default `name`). Several views of one table may coexist.
+  ConfigSection section(const std::string& name, const std::string& resolved_as = "");
+  /// Marks the table at `key` of section `section` and everything in it as read, to be kept
+  /// verbatim (keys sorted) in the resolved configuration: a table the job holds for a
+  /// component it does not use.
+  void keep_unread(const std::string& section, const std::string& key);
+  /// Appends `hint` to the message of every unknown key directly in table `name`.
+  void annotate(const std::string& name, std::string hint);
+  /// The first --set (in key order) that wrote inside table `name`, or "".
+  std::string override_inside(const std::string& name) const;
   /// Throws an InputError naming every key that was never read, with its position.
   void check_all_read() const;
-  /// The resolved configuration as TOML: every key read, with its effective value.
+  /// The resolved configuration as TOML: every key read, with its effective value, each
+  /// table's sub-tables right after it.
   std::string resolved_toml() const;
   /// The file name given at parse time.
   const std::string& source_name() const { return source_; }
@@ -42,15 +55,20 @@ class ConfigTree {
   friend class ConfigSection;
   ConfigTree(toml::value root, std::string source) : root_(std::move(root)), source_(std::move(source)) {}
 
+  const toml::value* table_at(const std::string& section) const;
   const toml::value* find(const std::string& section, const std::string& key) const;
   std::string where(const toml::value& value, const std::string& dotted) const;
-  void record(const std::string& section, const std::string& key, const toml::value& effective);
+  void record(const std::string& section, const std::string& resolved_as, const std::string& key,
+              const toml::value& effective);
   void collect_unread(const toml::value& table, const std::string& prefix, std::vector<std::string>& out) const;
+  std::vector<std::pair<std::string, toml::value>>& resolved_section(const std::string& name);
 
   toml::value root_;
   std::string source_;
   std::map<std::string, std::string> override_origin_;  // dotted key -> "--set a.b=c"
-  std::set<std::string> read_;                          // dotted keys
+  std::set<std::string> read_;                          // dotted keys and sections
+  std::set<std::string> kept_;                          // dotted tables kept unread
+  std::map<std::string, std::string> hints_;            // dotted table -> hint for its unknown keys
   std::vector<std::pair<std::string, std::vector<std::pair<std::string, toml::value>>>> resolved_;
 };
 
@@ -58,7 +76,9 @@ class ConfigTree {
 /// is absent; a present key of the wrong type is an InputError naming key and position.
 class ConfigSection {
  public:
-  ConfigSection(ConfigTree& tree, std::string name) : tree_(&tree), name_(std::move(name)) {}
+  /// A view of table `name` whose reads are resolved under `resolved_as` (default `name`).
+  ConfigSection(ConfigTree& tree, std::string name, std::string resolved_as = "")
+      : tree_(&tree), name_(std::move(name)), resolved_as_(resolved_as.empty() ? name_ : std::move(resolved_as)) {}
 
   /// The integer at `key`, or `fallback`.
   int64_t integer(const std::string& key, int64_t fallback) const;
@@ -95,6 +115,10 @@ class ConfigSection {
   std::vector<int64_t> integers(const std::string& key, const std::vector<int64_t>& fallback) const;
   /// Whether `key` is present (does not mark it read).
   bool has(const std::string& key) const;
+  /// Whether `key` is present and holds a table ([section.key]).
+  bool has_table(const std::string& key) const;
+  /// The keys present in the table, sorted (nothing is marked read).
+  std::vector<std::string> keys() const;
 
   /// Throws an InputError "<position>: <section>.<key>: <why>".
   [[noreturn]] void invalid(const std::string& key, const std::string& why) const;
@@ -111,6 +135,10 @@ class ConfigSection {
 
   ConfigTree* tree_;
   std::string name_;
+  std::string resolved_as_;
 };
+
+/// `key` as TOML writes it: bare when it may be, else a quoted basic string.
+std::string toml_key(const std::string& key);
 
 }  // namespace keel

@@ -5,10 +5,12 @@
 #include <chrono>
 #include <cstdlib>
 #include <stdexcept>
+#include <tuple>
 
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "common/text.hpp"
+#include "config/component_table.hpp"
 #include "device/device.hpp"
 #include "pipeline/stage_split.hpp"
 
@@ -24,6 +26,18 @@ int env_int(const char* name, int fallback) {
   if (*end != '\0' || value < 0)
     throw InputError(cat("environment variable ", name, "='", text, "' is not a rank count"));
   return static_cast<int>(value);
+}
+
+// What an unknown key in a component's table is measured against: the keys the component
+// declares, or where to look when it declares none.
+std::string reads_hint(const std::string& role, const std::string& component, const std::string& plugin,
+                       const ComponentExtensions& extensions) {
+  if (!extensions.config_keys)
+    return cat("the ", role, " component '", component, "' (plugin ", plugin, ") does not read it");
+  std::vector<std::string> names;
+  for (const DeclaredConfigKey& key : *extensions.config_keys) names.push_back(key.name);
+  return cat("the ", role, " component '", component, "' (plugin ", plugin, ") reads ",
+             names.empty() ? std::string("no keys") : join(names, ", "), " (keel-plugin inspect ", plugin, ")");
 }
 
 ConfigTree load_tree(const RunOptions& options) {
@@ -68,13 +82,25 @@ Job::Job(const RunOptions& options, bool meta, int offline_rank) : tree_(load_tr
   clipper_path_ = registry_->load(config_.clipper.plugin).path;
 
   HostServices services{mesh_.get(), &metrics_};
-  model_section_ = std::make_unique<ConfigSection>(tree_.section("model"));
-  clipper_section_ = std::make_unique<ConfigSection>(tree_.section("clipper"));
-  model_ = std::make_unique<Model>(model_c, registry_->load(config_.model.plugin).descriptor->plugin_name,
-                                   *model_section_, services);
-  clipper_ = std::make_unique<Clipper>(clipper_c, registry_->load(config_.clipper.plugin).descriptor->plugin_name,
-                                       *clipper_section_, services);
+  const ComponentTable model_table = component_table(tree_, "model", config_.model.component);
+  const ComponentTable clipper_table = component_table(tree_, "clipper", config_.clipper.component);
+  model_section_ = std::make_unique<ConfigSection>(model_table.section);
+  clipper_section_ = std::make_unique<ConfigSection>(clipper_table.section);
+  const std::string model_plugin = registry_->load(config_.model.plugin).descriptor->plugin_name;
+  const std::string clipper_plugin = registry_->load(config_.clipper.plugin).descriptor->plugin_name;
+  model_ = std::make_unique<Model>(model_c, model_plugin, *model_section_, services);
+  clipper_ = std::make_unique<Clipper>(clipper_c, clipper_plugin, *clipper_section_, services);
+  tree_.annotate(model_section_->name(),
+                 reads_hint("model", config_.model.component, model_plugin, model_->extensions()));
+  tree_.annotate(clipper_section_->name(),
+                 reads_hint("clipper", config_.clipper.component, clipper_plugin, clipper_->extensions()));
   tree_.check_all_read();
+  if (rank == 0)
+    for (const auto& [role, choice, table] :
+         {std::tuple{"model", &config_.model, &model_table}, std::tuple{"clipper", &config_.clipper, &clipper_table}}) {
+      const std::string notice = ignored_tables_notice(role, choice->component, *table);
+      if (!notice.empty()) log_info(notice);
+    }
 
   const keel_model_info& info = model_->info();
   std::vector<StageLayers> stages;

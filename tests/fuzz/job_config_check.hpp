@@ -6,8 +6,11 @@
 
 #include <cstdint>
 #include <stdexcept>
+#include <string>
+#include <utility>
 
 #include "common/text.hpp"
+#include "config/component_table.hpp"
 #include "config/config_tree.hpp"
 #include "config/job_config.hpp"
 
@@ -19,7 +22,15 @@ class SilentNarrowing : public std::logic_error {
   using std::logic_error::logic_error;
 };
 
-/// read_job_config as a dry run does, then the narrowing check, the resolved TOML and unknown keys.
+/// Thrown when the resolved configuration of an accepted job does not parse again (a finding:
+/// it is saved as config.toml and in every checkpoint's manifest).
+class UnparsableResolved : public std::logic_error {
+ public:
+  using std::logic_error::logic_error;
+};
+
+/// read_job_config as a dry run does, then the narrowing check, the component tables, the
+/// resolved TOML (which must parse again) and unknown keys.
 inline void validate_job_config(ConfigTree& tree) {
   JobConfig config = read_job_config(tree, /*world_size=*/0, /*cuda_available=*/false);
   struct Field {
@@ -39,8 +50,16 @@ inline void validate_job_config(ConfigTree& tree) {
     if (given != f.stored)
       throw SilentNarrowing(cat(f.section, ".", f.key, " = ", given, " was accepted and stored as ", f.stored));
   }
-  tree.resolved_toml();
-  tree.check_all_read();  // last: the plugins' keys ([model], [clipper]) are unread here
+  // Where the components' keys live, as Job finds them (tables of other components are kept).
+  for (const auto& [role, choice] : {std::pair{"model", &config.model}, std::pair{"clipper", &config.clipper}})
+    ignored_tables_notice(role, choice->component, component_table(tree, role, choice->component));
+  const std::string resolved = tree.resolved_toml();
+  try {
+    ConfigTree::from_string(resolved, "resolved.toml");
+  } catch (const InputError& e) {
+    throw UnparsableResolved(cat("the resolved configuration does not parse again: ", e.what(), "\n", resolved));
+  }
+  tree.check_all_read();  // last: the components' own keys are unread here
 }
 
 }  // namespace keel::fuzz

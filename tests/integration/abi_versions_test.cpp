@@ -72,6 +72,29 @@ TEST_P(AbiVersions, InspectListsExportAndIgnoredExtensions) {
   EXPECT_NE(r.output.find("config keys: not declared"), std::string::npos) << r.output;
 }
 
+// A declared key set in the clipper's own table takes effect; an undeclared one is refused
+// naming the clipper and the keys it reads.
+TEST(AbiVersions, TheDeclaredKeyOfAOneThreeClipperIsReadFromItsTable) {
+  test::TempDir dir;
+  const std::string paths = " --plugin-path " + test::test_plugin_dir() + " --plugin-path " + test::plugin_dir();
+  test::write_file(dir / "job.toml",
+                   "[model]\nplugin = \"versioned_1_3\"\ncomponent = \"model\"\n"
+                   "[clipper]\nplugin = \"versioned_1_3\"\ncomponent = \"clipper\"\n"
+                   "[clipper.clipper]\nbound = 0.5\n"
+                   "[training]\nsteps = 2\nseq_len = 8\nglobal_batch = 2\nthreads = 1\n");
+  const std::string train = test::bin_dir() + "/keel-train --config " + (dir / "job.toml") + paths +
+                            " --set job.run_dir=\\\"" + (dir / "run") + "\\\"";
+  test::CommandResult r = test::run_command(train);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(test::read_file(dir / "run/config.toml").find("[clipper.clipper]\nbound = 0.5\n"), std::string::npos);
+  r = test::run_command(train + " --set clipper.clipper.bund=0.5");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("--set clipper.clipper.bund=0.5: unknown key 'clipper.clipper.bund'; the clipper component "
+                          "'clipper' (plugin versioned_1_3) reads bound (keel-plugin inspect versioned_1_3)"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST(HeaderExample, TheRawAbiClipperInKeelHTrainsTheTinyLlama) {
   test::TempDir dir;
   test::write_file(dir / "job.toml",

@@ -24,11 +24,11 @@ grep -q "replica guard: 5 check(s), every copy of every parameter bitwise equal"
 # Clipper hot-swap: save with norm_clipper, resume with the out-of-tree clipper, and back. The
 # norm_clipper's state (its step counters) rides through the value_clipper run unused and is
 # restored when norm_clipper returns; replicas stay bitwise equal throughout.
+# The job file holds both clippers' tables; each swap is `--set clipper.plugin=NAME` alone.
 swap() {  # swap RUN STEPS CLIPPER [LOAD]; the job is $swap_job (default job_swap.toml)
   local args=(--config "$here/${swap_job:-job_swap.toml}" --plugin-path "$work/build" --set "job.run_dir=\"$work/$1\""
-    --set "training.steps=$2" --set "clipper.plugin=\"$3\"")
+    --set "training.steps=$2" --set "clipper.plugin=$3")
   [ -n "${4:-}" ] && args+=(--set "checkpoint.load=\"$work/$4\"")
-  [ "$3" = value_clipper ] && args+=(--set clipper.clip_value=0.005)
   "$work/prefix/bin/keel-launch" --nproc 2 -- "$work/prefix/bin/keel-train" "${args[@]}" 2>&1
 }
 clipper_steps() {  # clipper_steps CHECKPOINT -> norm_clipper's step counter in it
@@ -39,6 +39,10 @@ with safe_open(sys.argv[1] + '/rank-00000.safetensors', 'pt') as f:
 }
 out=$(swap swap1 4 norm_clipper) || { echo "$out"; exit 1; }
 out=$(swap swap2 8 value_clipper swap1/checkpoints/step-4) || { echo "$out"; exit 1; }
+# value_clipper read its own table, and the unselected one was kept and named once.
+grep -q "value_clipper: clamping gradients to +-0.005000" <<< "$out" || { echo "$out"; exit 1; }
+grep -q "\[clipper.norm_clipper\] holds settings of a component not selected (the clipper is 'value_clipper')" \
+  <<< "$out" || { echo "$out"; exit 1; }
 grep -q "checkpoint saved with clipper 'norm_clipper'; this run clips with 'value_clipper', whose state is empty; 2 other clipper state tensor(s) kept, unused" <<< "$out" || { echo "$out"; exit 1; }
 grep -q "replica guard: 4 check(s), every copy of every parameter bitwise equal" <<< "$out"
 [ "$(clipper_steps swap2/checkpoints/step-8)" = 4 ]
@@ -46,6 +50,8 @@ out=$(swap swap3 12 norm_clipper swap2/checkpoints/step-8) || { echo "$out"; exi
 grep -q "checkpoint saved with clipper 'value_clipper'; this run clips with 'norm_clipper', whose state is restored from the checkpoint" <<< "$out" || { echo "$out"; exit 1; }
 grep -q "replica guard after load: every copy bitwise equal" <<< "$out"
 [ "$(clipper_steps swap3/checkpoints/step-12)" = 8 ]
+grep -q "\[clipper.value_clipper\] holds settings of a component not selected (the clipper is 'norm_clipper')" \
+  <<< "$out" || { echo "$out"; exit 1; }
 echo "clipper hot-swap: norm_clipper -> value_clipper -> norm_clipper, state carried"
 # The same swap with tied llama3: the head's REPLICA of the embedding stays bitwise equal to its
 # owner through the load and every step the out-of-tree clipper takes.

@@ -38,8 +38,10 @@ def main():
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     model_sets = ["tie_embeddings=true"] if tied else []
-    sets = [arg for key in model_sets for arg in ("--set", "model." + key)]
-    run([os.path.join(bin_dir, "keel-train"), "--config", config, "--set", 'model.flavor="tiny"',
+    # The shipped configs keep the model's settings in its component table, [model.<component>].
+    table = "model." + ("deepseek_v3_mtp" if case == "deepseek_v3" else "llama3") + "."
+    sets = [arg for key in model_sets for arg in ("--set", table + key)]
+    run([os.path.join(bin_dir, "keel-train"), "--config", config, "--set", table + 'flavor="tiny"',
          "--set", "training.steps=2", "--set", "checkpoint.interval=2", "--set", "training.seq_len=16",
          "--set", "lr_scheduler.warmup_steps=1", "--set", f'job.run_dir="{os.path.join(work, "run")}"', *sets])
     checkpoints = os.path.join(work, "run", "checkpoints")

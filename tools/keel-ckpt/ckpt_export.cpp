@@ -11,6 +11,7 @@
 #include "ckpt_commands.hpp"
 #include "common/error.hpp"
 #include "common/text.hpp"
+#include "config/component_table.hpp"
 #include "config/config_tree.hpp"
 #include "mesh/mesh.hpp"
 #include "metrics/step_metrics.hpp"
@@ -65,7 +66,7 @@ int export_hf(const std::string& path, const std::string& out, const std::vector
   const keel_component& component = PluginRegistry::component_of(loaded, m.model_component, KEEL_COMPONENT_MODEL);
   // The model exactly as the run configured it, on one rank: export needs no parts.
   ConfigTree tree = ConfigTree::from_string(m.config, (fs::path(reader.dir()) / "manifest.json").string());
-  ConfigSection section = tree.section("model");
+  ConfigSection section = component_table(tree, "model", m.model_component).section;
   Mesh mesh(MeshLayout::compute(1, 1, 1, 0));
   StepMetrics metrics;
   Model model(component, loaded.descriptor->plugin_name, section, HostServices{&mesh, &metrics});
