@@ -6,6 +6,7 @@
 #include "common/log.hpp"
 #include "common/text.hpp"
 #include "metrics/json_number.hpp"
+#include "metrics/log_line.hpp"
 
 namespace keel {
 
@@ -25,13 +26,7 @@ MetricsLog::MetricsLog(const std::string& jsonl_path, int64_t resume_after_step)
 }
 
 void MetricsLog::write(const StepRecord& r) {
-  std::string line = format("step %ld/%ld | loss %.4f | grad_norm %.4f | lr %.3e | %s tok/s | eta %s | mem %s",
-                            static_cast<long>(r.step), static_cast<long>(r.total_steps), r.loss, r.grad_norm, r.lr,
-                            human_count(r.tokens_per_second).c_str(), human_duration(r.eta_seconds).c_str(),
-                            human_bytes(r.peak_memory_bytes).c_str());
-  for (const auto& [name, value] : r.plugin_metrics) line += format(" | %s %.4f", name.c_str(), value);
-  if (r.skipped) line += " | update skipped (non-finite gradients)";
-  log_info(line);
+  for (const std::string& line : step_lines(r)) log_info(line);
   if (!jsonl_) return;
   nlohmann::ordered_json j;
   j["step"] = r.step;
