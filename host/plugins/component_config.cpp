@@ -36,15 +36,19 @@ void ComponentConfig::check_read(const char* key, keel_config_type type, const C
   const std::string name = key != nullptr ? key : "";
   auto it =
       std::find_if(declared_->begin(), declared_->end(), [&](const DeclaredConfigKey& k) { return k.name == name; });
+  std::string broken;
   if (it == declared_->end())
-    throw PluginContractError(cat("reads config key '", name,
-                                  "', which its config keys extension does not declare (declare every key it reads)"));
-  if (it->type != type)
-    throw PluginContractError(cat("reads config key '", name, "' with ", getter(type), ", but declares it of type ",
-                                  config_type_name(it->type)));
-  if (it->default_value && *it->default_value != fallback)
-    throw PluginContractError(cat("reads config key '", name, "' with fallback ", value_text(fallback),
-                                  ", but declares its default as ", it->default_text));
+    broken = cat("reads config key '", name,
+                 "', which its config keys extension does not declare (declare every key it reads)");
+  else if (it->type != type)
+    broken = cat("reads config key '", name, "' with ", getter(type), ", but declares it of type ",
+                 config_type_name(it->type));
+  else if (it->default_value && *it->default_value != fallback)
+    broken = cat("reads config key '", name, "' with fallback ", value_text(fallback), ", but declares its default as ",
+                 it->default_text);
+  if (broken.empty()) return;
+  if (violation_.empty()) violation_ = broken;
+  throw PluginContractError(broken);
 }
 
 }  // namespace keel

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <optional>
+#include <string>
 #include <vector>
 
 #include <keel/keel.h>
@@ -22,12 +23,15 @@ class ComponentConfig {
   /// The component's table.
   const ConfigSection& section() const { return section_; }
   /// Throws PluginContractError unless the declaration lets `key` be read with getter `type`
-  /// and this `fallback` (a fixed default must equal it).
+  /// and this `fallback` (a fixed default must equal it); the first such error is also kept.
   void check_read(const char* key, keel_config_type type, const ConfigValue& fallback) const;
+  /// The first broken read, or "": a component that swallows the failed status must not pass.
+  const std::string& violation() const { return violation_; }
 
  private:
   ConfigSection section_;
   const std::optional<std::vector<DeclaredConfigKey>>& declared_;
+  mutable std::string violation_;
 };
 
 }  // namespace keel

@@ -104,6 +104,10 @@ Model::Model(const keel_component& component, const std::string& plugin_name, co
       config_(config, extensions_.config_keys),
       context_(cat("model ", component.name, " (", plugin_name, ")"), services) {
   context_.check(vtable_.create(context_.raw(), HostContext::config_handle(config_), &raw_), "create");
+  if (!config_.violation().empty()) {
+    if (raw_ != nullptr) vtable_.destroy(raw_);
+    throw std::runtime_error(cat(context_.label(), ": create ", config_.violation(), " (and reported success)"));
+  }
   if (raw_ == nullptr) throw std::runtime_error(cat(context_.label(), ": create returned no model"));
   info_.struct_size = sizeof(info_);
   context_.check(vtable_.info(raw_, &info_), "info");
@@ -210,6 +214,10 @@ Clipper::Clipper(const keel_component& component, const std::string& plugin_name
       config_(config, extensions_.config_keys),
       context_(cat("clipper ", component.name, " (", plugin_name, ")"), services) {
   context_.check(vtable_.create(context_.raw(), HostContext::config_handle(config_), &raw_), "create");
+  if (!config_.violation().empty()) {
+    if (raw_ != nullptr) vtable_.destroy(raw_);
+    throw std::runtime_error(cat(context_.label(), ": create ", config_.violation(), " (and reported success)"));
+  }
   if (raw_ == nullptr) throw std::runtime_error(cat(context_.label(), ": create returned no clipper"));
 }
 

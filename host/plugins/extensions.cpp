@@ -1,7 +1,9 @@
 #include "plugins/extensions.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <set>
 #include <sstream>
 
@@ -18,7 +20,6 @@ namespace {
 
 constexpr size_t kMaxKeyName = 64;
 constexpr size_t kMaxDefaultText = 256;
-constexpr size_t kMaxDoc = 400;
 
 // A plugin's C string, bounded: the text, or an InputError when it is longer than `limit`,
 // not UTF-8 or holds a control character (it is printed to terminals).
@@ -32,8 +33,10 @@ std::string plugin_text(const char* text, size_t limit, const std::string& what)
   return out;
 }
 
+// [a-z0-9_]+, and not the role table's own keys: in the flat form a component key `plugin`
+// would read the selector's value.
 bool valid_key_name(const std::string& name) {
-  return !name.empty() && std::all_of(name.begin(), name.end(), [](char c) {
+  return !name.empty() && name != "plugin" && name != "component" && std::all_of(name.begin(), name.end(), [](char c) {
     return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
   });
 }
@@ -51,11 +54,23 @@ ConfigValue parse_default(const std::string& text, keel_config_type type, const 
     throw InputError(cat(what, ": '", text, "' is not a TOML value"));
   }
   switch (type) {
+    // A default must be a value the job file could hold: the resolved configuration records it,
+    // and a non-finite float or an integer at int64's ends (toml11's saturation) is refused there.
     case KEEL_CONFIG_INT:
-      if (value.is_integer()) return value.as_integer();
+      if (value.is_integer()) {
+        const int64_t v = value.as_integer();
+        if (v == std::numeric_limits<int64_t>::min() || v == std::numeric_limits<int64_t>::max())
+          throw InputError(cat(what, ": '", text, "' is at the end of int64's range, which a job file cannot hold"));
+        return v;
+      }
       break;
     case KEEL_CONFIG_FLOAT:
-      if (value.is_floating()) return value.as_floating();
+      if (value.is_floating()) {
+        const double v = value.as_floating();
+        if (!std::isfinite(v) || std::fabs(v) == std::numeric_limits<double>::max())
+          throw InputError(cat(what, ": '", text, "' is not a finite number, which a job file cannot hold"));
+        return v;
+      }
       if (value.is_integer()) return static_cast<double>(value.as_integer());
       break;
     case KEEL_CONFIG_BOOL:
@@ -97,7 +112,7 @@ std::vector<DeclaredConfigKey> read_config_keys(const keel_extension* e, const s
       out.default_text = plugin_text(key.default_value, kMaxDefaultText, cat(named, "'s default"));
       out.default_value = parse_default(out.default_text, out.type, cat(named, "'s default"));
     }
-    if (key.doc != nullptr) out.doc = plugin_text(key.doc, kMaxDoc, cat(named, "'s doc"));
+    if (key.doc != nullptr) out.doc = plugin_text(key.doc, KEEL_MAX_CONFIG_DOC, cat(named, "'s doc"));
     keys.push_back(std::move(out));
   }
   return keys;

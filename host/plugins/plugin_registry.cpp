@@ -7,6 +7,7 @@
 #include <boost/dll/shared_library.hpp>
 #include <cstddef>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -83,6 +84,10 @@ void validate_components(const std::string& path, const keel_plugin_descriptor& 
                            c == nullptr ? 0 : c->struct_size, " < ", KEEL_COMPONENT_SIZE_1_0, " bytes)"));
     if (!valid_name(c->name))
       throw InputError(cat("plugin ", path, ": component #", i, " has an invalid name (want [a-z0-9_]+)"));
+    // [clipper.plugin] would collide with the role's own `plugin` key in a job file.
+    if (std::strcmp(c->name, "plugin") == 0 || std::strcmp(c->name, "component") == 0)
+      throw InputError(cat("plugin ", path, ": component #", i, " is named '", c->name,
+                           "', a name the job file's role tables reserve for themselves"));
     if (c->kind != KEEL_COMPONENT_MODEL && c->kind != KEEL_COMPONENT_CLIPPER)
       throw InputError(
           cat("plugin ", path, ": component '", c->name, "' has unknown kind ", static_cast<int>(c->kind)));

@@ -73,8 +73,23 @@ class ReadsUndeclared {
   at::Tensor clip(std::span<const keel::ParamView>) { return {}; }
 };
 
+// Reads `limt` without declaring it and swallows the failed status: the host must not pass it.
+class SwallowsUndeclared {
+ public:
+  static std::vector<keel::ConfigKey> config_keys() { return {keel::Key<double>{"limit", 1.0, "declared"}}; }
+  SwallowsUndeclared(keel::Host, keel::Config& config) {
+    try {
+      config.real("limt", 1.0);
+    } catch (const keel::HostReported&) {
+    }
+  }
+  at::Tensor clip(std::span<const keel::ParamView>) { return {}; }
+};
+
 KEEL_PLUGIN("faulty", "0.0.1", keel::clipper_component<ReturnsError>("returns_error", "create reports an error"),
             keel::clipper_component<Throws>("throws", "create throws std::out_of_range"),
             keel::clipper_component<ThrowsInClip>("throws_in_clip", "clip raises a c10::Error"),
             keel::clipper_component<HostSyncClipper>("host_sync", "norm clipping with a host read: not capture-safe"),
-            keel::clipper_component<ReadsUndeclared>("reads_undeclared", "reads a config key it does not declare"))
+            keel::clipper_component<ReadsUndeclared>("reads_undeclared", "reads a config key it does not declare"),
+            keel::clipper_component<SwallowsUndeclared>("swallows_undeclared",
+                                                        "reads an undeclared key and ignores the failure"))

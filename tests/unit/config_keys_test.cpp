@@ -59,6 +59,25 @@ TEST(ConfigKeys, TheHostReadsBackWhatTheSdkDeclares) {
   EXPECT_FALSE(read_extensions("p.so", *clipper_component<SilentClipper>("silent", "test")).config_keys);
 }
 
+struct LongDocClipper {
+  static std::vector<ConfigKey> config_keys() {
+    std::string doc;
+    for (int i = 0; i < 300; ++i) doc += "\u00e9";  // two bytes each: 600 bytes
+    return {ConfigKey("a", KEEL_CONFIG_INT, std::nullopt, doc)};
+  }
+  LongDocClipper(Host, Config&) {}
+  at::Tensor clip(std::span<const ParamView>) { return {}; }
+};
+
+TEST(ConfigKeys, TheSdkCutsALongDocAtACharacterSoThePluginStillLoads) {
+  ComponentExtensions found = read_extensions("p.so", *clipper_component<LongDocClipper>("long_doc", "test"));
+  ASSERT_TRUE(found.config_keys.has_value());
+  const std::string& doc = found.config_keys->front().doc;
+  EXPECT_LE(doc.size(), size_t{KEEL_MAX_CONFIG_DOC});
+  EXPECT_EQ(doc.substr(doc.size() - 3), "...");
+  EXPECT_EQ(doc.size() % 2, 1u) << "cut inside a two-byte character";  // 2n bytes of text + "..."
+}
+
 TEST(ConfigKeys, FloatDefaultsAreWrittenShortAndReadBackExactly) {
   for (double value : {1.0, 0.1, 3e-4, 1e-5, 1e-6, 500000.0, 1e20, -2.5, 0.0, 1.0 / 3.0}) {
     const std::string text = toml_text(value);
@@ -134,6 +153,15 @@ TEST(ConfigKeys, AMalformedDeclarationIsRefusedNamingTheKey) {
       {{key("a", KEEL_CONFIG_INT, "1", "\xff")}, "config key 'a''s doc"},
   };
   for (const Case& c : cases) EXPECT_NE(refusal(c.keys).find(c.why), std::string::npos) << refusal(c.keys);
+  // The role table's own keys, and defaults a job file could not hold (the resolved
+  // configuration records every default, and must run again).
+  EXPECT_NE(refusal({key("plugin", KEEL_CONFIG_STRING, "\"x\"")}).find("config key #0 has an invalid name"),
+            std::string::npos);
+  EXPECT_NE(refusal({key("component", KEEL_CONFIG_STRING, nullptr)}).find("invalid name"), std::string::npos);
+  for (const char* text : {"nan", "inf", "-inf", "1e309"})
+    EXPECT_NE(refusal({key("a", KEEL_CONFIG_FLOAT, text)}).find("is not a finite number"), std::string::npos) << text;
+  EXPECT_NE(refusal({key("a", KEEL_CONFIG_INT, "9223372036854775807")}).find("end of int64's range"),
+            std::string::npos);
   EXPECT_NE(refusal({}, 3).find("declares 3 config keys but no array"), std::string::npos);
   EXPECT_NE(refusal({}, KEEL_MAX_CONFIG_KEYS + 1).find("more than 1024"), std::string::npos);
   keel_config_key short_key = key("a", KEEL_CONFIG_INT, "1");

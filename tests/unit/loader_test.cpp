@@ -148,6 +148,19 @@ TEST_F(FaultyClipper, AReadOfAnUndeclaredKeyIsThePluginsBugNotTheUsers) {
   }
 }
 
+TEST_F(FaultyClipper, AnUndeclaredReadFailsEvenWhenThePluginSwallowsTheStatus) {
+  try {
+    make("swallows_undeclared");
+    FAIL();
+  } catch (const InputError& e) {
+    FAIL() << "reported as bad input: " << e.what();
+  } catch (const std::runtime_error& e) {
+    EXPECT_HAS(std::string(e.what()), "clipper swallows_undeclared (faulty): create reads config key 'limt', which "
+                                      "its config keys extension does not declare");
+    EXPECT_HAS(std::string(e.what()), "(and reported success)");
+  }
+}
+
 TEST_F(FaultyClipper, LibTorchErrorInAStepHookIsReportedNotFatal) {
   auto clipper = make("throws_in_clip");
   try {

@@ -561,13 +561,13 @@ typedef enum keel_config_type {
 /* One key of a component's config table. */
 typedef struct keel_config_key {
   size_t struct_size;
-  const char* name; /* [a-z0-9_]+, at most 64 bytes, unique within the component             */
+  const char* name; /* [a-z0-9_]+, at most 64 bytes, unique, not "plugin" or "component"     */
   int32_t type;     /* a keel_config_type                                                    */
-  /* The default as a TOML value of `type` ("1.0", "\"2\"", "true"): the `fallback` the
-   * component passes when it reads the key. NULL when the default is not fixed (a model's
-   * size that comes from its flavor). */
+  /* The default as a TOML value of `type` ("1.0", "\"2\"", "true"; finite, and an integer
+   * inside int64's ends): the `fallback` the component passes when it reads the key. NULL
+   * when the default is not fixed (a model's size that comes from its flavor). */
   const char* default_value;
-  const char* doc; /* one line for listings, or NULL                                         */
+  const char* doc; /* one line for listings (at most KEEL_MAX_CONFIG_DOC bytes), or NULL        */
 } keel_config_key;
 
 /* The keys a component reads from its config table (static, like the descriptor). A user sees
@@ -582,6 +582,7 @@ typedef struct keel_config_keys_extension {
 } keel_config_keys_extension;
 
 #define KEEL_MAX_CONFIG_KEYS 1024
+#define KEEL_MAX_CONFIG_DOC 400
 #define KEEL_CONFIG_KEY_SIZE_1_3 KEEL_STRUCT_SIZE(keel_config_key, doc)
 #define KEEL_CONFIG_KEYS_EXTENSION_SIZE_1_3 KEEL_STRUCT_SIZE(keel_config_keys_extension, count)
 

@@ -193,6 +193,12 @@ const keel_extension* config_keys_extension(const keel_extension* next) {
   };
   static const Table* table = [next] {
     auto* t = new Table{T::config_keys(), {}, {}, {}};  // never freed: plugins are never unloaded
+    for (ConfigKey& k : t->keys) {                      // the host refuses a longer doc: cut it at a character boundary
+      if (k.doc.size() <= KEEL_MAX_CONFIG_DOC) continue;
+      size_t end = KEEL_MAX_CONFIG_DOC - 3;
+      while (end > 0 && (static_cast<unsigned char>(k.doc[end]) & 0xC0) == 0x80) --end;
+      k.doc = k.doc.substr(0, end) + "...";
+    }
     t->entries.reserve(t->keys.size());
     for (const ConfigKey& k : t->keys)
       t->entries.push_back({sizeof(keel_config_key), k.name.c_str(), k.type,
