@@ -1,6 +1,7 @@
 #include "config/component_table.hpp"
 
 #include <algorithm>
+#include <vector>
 
 #include "common/error.hpp"
 #include "common/text.hpp"
@@ -10,6 +11,22 @@ namespace keel {
 namespace {
 
 bool is_role_key(const std::string& key) { return key == "plugin" || key == "component"; }
+
+// Levenshtein distance, by hand: two short names, no library call worth a dependency.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
 
 }  // namespace
 
@@ -32,6 +49,14 @@ ComponentTable component_table(ConfigTree& tree, const std::string& role, const 
   }
   ComponentTable out{tables.empty() ? tree.section(role, own) : tree.section(own), {}, false};
   out.own_table_missing = !tables.empty() && std::find(tables.begin(), tables.end(), component) == tables.end();
+  // A misspelt table of the selected component would run it on its defaults without a word.
+  if (out.own_table_missing)
+    for (const std::string& table : tables)
+      if (edit_distance(table, component) <= 2)
+        throw InputError(cat(role_table.where(table), ": [", role, ".", toml_key(table), "] is not read: the ", role,
+                             " component is '", component, "' and there is no [", own, "]. Did you mean [", own,
+                             "]? (Rename the table, select its component with ", role, ".component, or add an empty [",
+                             own, "] to run '", component, "' on its defaults.)"));
   for (const std::string& table : tables) {
     if (table == component) continue;
     const std::string dotted = role + "." + toml_key(table);

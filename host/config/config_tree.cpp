@@ -199,7 +199,7 @@ void ConfigTree::annotate(const std::string& name, std::string hint) { hints_[na
 
 std::string ConfigTree::override_inside(const std::string& name) const {
   for (const auto& [dotted, origin] : override_origin_)
-    if (dotted.compare(0, name.size() + 1, name + ".") == 0) return origin;
+    if (dotted == name || dotted.compare(0, name.size() + 1, name + ".") == 0) return origin;
   return "";
 }
 
@@ -225,7 +225,12 @@ std::string ConfigTree::where(const toml::value& value, const std::string& dotte
   auto origin = override_origin_.find(dotted);
   if (origin != override_origin_.end()) return origin->second;
   const toml::source_location loc = value.location();
-  if (loc.line() == 0) return source_;
+  // A value toml11 did not parse (a table a --set created) has no region: toml11 then says
+  // line 1 of "unknown file".
+  if (loc.line() == 0 || loc.file_name() == "unknown file") {
+    const std::string origin = override_inside(dotted);
+    return origin.empty() ? source_ : origin;
+  }
   return cat(source_, ":", loc.line());
 }
 

@@ -41,7 +41,7 @@ class ConfigTree {
   void keep_unread(const std::string& section, const std::string& key);
   /// Appends `hint` to the message of every unknown key directly in table `name`.
   void annotate(const std::string& name, std::string hint);
-  /// The first --set (in key order) that wrote inside table `name`, or "".
+  /// The first --set (in key order) that wrote table `name` or inside it, or "".
   std::string override_inside(const std::string& name) const;
   /// Throws an InputError naming every key that was never read, with its position.
   void check_all_read() const;

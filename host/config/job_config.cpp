@@ -47,7 +47,9 @@ ComponentChoice read_choice(ConfigTree& tree, const std::string& role, const std
     stem = stem.substr(stem.rfind('/') + 1);
     if (stem.size() > 3 && stem.compare(stem.size() - 3, 3, ".so") == 0) stem.resize(stem.size() - 3);
   }
-  choice.component = s.string("component", stem);
+  // A defaulted component is not written to the resolved configuration: a run's config.toml
+  // then swaps its component with `--set clipper.plugin=...` alone, as the job file does.
+  choice.component = s.has("component") ? s.string("component", stem) : stem;
   return choice;
 }
 

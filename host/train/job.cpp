@@ -31,13 +31,21 @@ int env_int(const char* name, int fallback) {
 // What an unknown key in a component's table is measured against: the keys the component
 // declares, or where to look when it declares none.
 std::string reads_hint(const std::string& role, const std::string& component, const std::string& plugin,
-                       const ComponentExtensions& extensions) {
-  if (!extensions.config_keys)
-    return cat("the ", role, " component '", component, "' (plugin ", plugin, ") does not read it");
-  std::vector<std::string> names;
-  for (const DeclaredConfigKey& key : *extensions.config_keys) names.push_back(key.name);
-  return cat("the ", role, " component '", component, "' (plugin ", plugin, ") reads ",
-             names.empty() ? std::string("no keys") : join(names, ", "), " (keel-plugin inspect ", plugin, ")");
+                       const ComponentExtensions& extensions, bool flat) {
+  std::string hint;
+  if (!extensions.config_keys) {
+    hint = cat("the ", role, " component '", component, "' (plugin ", plugin, ") does not read it");
+  } else {
+    std::vector<std::string> names;
+    for (const DeclaredConfigKey& key : *extensions.config_keys) names.push_back(key.name);
+    hint = cat("the ", role, " component '", component, "' (plugin ", plugin, ") reads ",
+               names.empty() ? std::string("no keys") : join(names, ", "), " (keel-plugin inspect ", plugin, ")");
+  }
+  // The flat form holds one component's keys: after a swap, the other one's keys land here.
+  if (flat)
+    hint += cat(". A job file with settings for several components keeps each in its own table, [", role,
+                ".<component>]: then --set ", role, ".plugin=... alone swaps them");
+  return hint;
 }
 
 ConfigTree load_tree(const RunOptions& options) {
@@ -90,10 +98,10 @@ Job::Job(const RunOptions& options, bool meta, int offline_rank) : tree_(load_tr
   const std::string clipper_plugin = registry_->load(config_.clipper.plugin).descriptor->plugin_name;
   model_ = std::make_unique<Model>(model_c, model_plugin, *model_section_, services);
   clipper_ = std::make_unique<Clipper>(clipper_c, clipper_plugin, *clipper_section_, services);
-  tree_.annotate(model_section_->name(),
-                 reads_hint("model", config_.model.component, model_plugin, model_->extensions()));
-  tree_.annotate(clipper_section_->name(),
-                 reads_hint("clipper", config_.clipper.component, clipper_plugin, clipper_->extensions()));
+  tree_.annotate(model_section_->name(), reads_hint("model", config_.model.component, model_plugin,
+                                                    model_->extensions(), model_section_->name() == "model"));
+  tree_.annotate(clipper_section_->name(), reads_hint("clipper", config_.clipper.component, clipper_plugin,
+                                                      clipper_->extensions(), clipper_section_->name() == "clipper"));
   tree_.check_all_read();
   if (rank == 0)
     for (const auto& [role, choice, table] :

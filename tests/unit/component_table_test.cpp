@@ -50,7 +50,8 @@ TEST(ComponentTables, TheFlatAndThePerComponentFormResolveAlike) {
   ASSERT_EQ(flat.error, "");
   ASSERT_EQ(tables.error, "");
   EXPECT_EQ(flat.resolved, tables.resolved);
-  EXPECT_NE(tables.resolved.find("[clipper]\nplugin = \"norm_clipper\"\ncomponent = \"norm_clipper\"\n\n"
+  // A defaulted component is not pinned: the run's config.toml swaps with one flag too.
+  EXPECT_NE(tables.resolved.find("[clipper]\nplugin = \"norm_clipper\"\n\n"
                                  "[clipper.norm_clipper]\nmax_norm = 0.5\nnorm_type = \"2\"\n"),
             std::string::npos)
       << tables.resolved;
@@ -133,6 +134,38 @@ TEST(ComponentTables, ASetInsideATableNobodyReadsIsRefused) {
                            "clipper component is 'norm_clipper'"),
             std::string::npos)
       << set.error;
+}
+
+TEST(ComponentTables, AMisspeltTableOfTheSelectedComponentIsRefusedNotIgnored) {
+  Built typo = build("[model]\nplugin = \"llama3\"\n[model.lama3]\nflavor = \"tiny\"\n");
+  EXPECT_NE(typo.error.find("job.toml:3: [model.lama3] is not read: the model component is 'llama3' and there is no "
+                            "[model.llama3]. Did you mean [model.llama3]?"),
+            std::string::npos)
+      << typo.error;
+  // A table of another model component is kept: one job file serves two models.
+  Built two = build(kModel + "[model.deepseek_v3_mtp]\nflavor = \"tiny\"\n");
+  ASSERT_EQ(two.error, "");
+  EXPECT_NE(two.resolved.find("[model.deepseek_v3_mtp]\nflavor = \"tiny\"\n"), std::string::npos) << two.resolved;
+  Built swapped = build(kModel + "[model.deepseek_v3_mtp]\nflavor = \"tiny\"\n", {"model.plugin=deepseek_v3_mtp"});
+  ASSERT_EQ(swapped.error, "");
+  EXPECT_NE(swapped.resolved.find("[model.deepseek_v3_mtp]\nflavor = \"tiny\"\nvocab_size = 256\n"),
+            std::string::npos)
+      << swapped.resolved;
+}
+
+TEST(ComponentTables, ATableMadeByASetIsPlacedAtTheSet) {
+  // A flat file, and a component table given on the command line: both places are named.
+  Built flat = build("[model]\nplugin = \"llama3\"\nflavor = \"tiny\"\n", {"model.llama3.dim=32"});
+  EXPECT_NE(flat.error.find("job.toml:3: model.flavor sets a component's key in [model] itself, but --set "
+                            "model.llama3.dim=32 holds [model.llama3]"),
+            std::string::npos)
+      << flat.error;
+  // A whole inline table set into a table nobody reads is refused like a key.
+  Built inline_table = build(kModel, {"clipper.value_clipper={clip_value=0.05}"});
+  EXPECT_NE(inline_table.error.find("--set clipper.value_clipper={clip_value=0.05}: [clipper.value_clipper] is not "
+                                    "read"),
+            std::string::npos)
+      << inline_table.error;
 }
 
 TEST(ComponentTables, TablesOfOtherComponentsAreKeptVerbatimAndStillParse) {
