@@ -166,6 +166,7 @@ JobConfig read_job_config(ConfigTree& tree, int world_size, bool cuda_available)
   ConfigSection met = tree.section("metrics");
   c.metrics.log_interval = at_least(met, "log_interval", 10, 1);
   c.metrics.jsonl = met.boolean("jsonl", true);
+  c.metrics.tensorboard = met.boolean("tensorboard", false);
 
   ConfigSection dbg = tree.section("debug");
   c.debug.replica_check_interval = at_least(dbg, "replica_check_interval", 0, 0);

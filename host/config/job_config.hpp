@@ -81,6 +81,7 @@ struct CheckpointSection {
 struct MetricsSection {
   int64_t log_interval = 10;
   bool jsonl = true;
+  bool tensorboard = false;  ///< also TensorBoard event files in <run_dir>/tensorboard/
 };
 
 struct DebugSection {

@@ -15,6 +15,18 @@ std::string jsonl_path(const Job& job) {
              : std::string();
 }
 
+// What TensorBoard shows of a record: metrics.jsonl's figures under its names (the ETA, a
+// forecast, left out).
+std::vector<std::pair<std::string, double>> scalars(const StepRecord& r) {
+  std::vector<std::pair<std::string, double>> out = {{"loss", r.loss},
+                                                     {"grad_norm", r.grad_norm},
+                                                     {"lr", r.lr},
+                                                     {"tokens_per_second", r.tokens_per_second},
+                                                     {"peak_memory_bytes", r.peak_memory_bytes}};
+  out.insert(out.end(), r.plugin_metrics.begin(), r.plugin_metrics.end());
+  return out;
+}
+
 }  // namespace
 
 StepLog::StepLog(Job& job, int64_t start_step)
@@ -22,7 +34,10 @@ StepLog::StepLog(Job& job, int64_t start_step)
       start_step_(start_step),
       writer_(job.mesh().layout().rank == 0),
       log_(jsonl_path(job), start_step),
-      interval_start_(clock::now()) {}
+      interval_start_(clock::now()) {
+  if (writer_ && job.config().metrics.tensorboard)
+    tensorboard_.emplace((std::filesystem::path(job.config().job.run_dir) / "tensorboard").string(), start_step + 1);
+}
 
 bool StepLog::logs(int64_t step) const {
   const JobConfig& c = job_.config();
@@ -47,6 +62,7 @@ StepRecord StepLog::write(int64_t step, double loss, double lr, const at::Tensor
   r.skipped = found_inf.item<float>() != 0.0f;
   r.plugin_metrics = job_.step_metrics().resolve_across(job_.mesh().group(KEEL_GROUP_WORLD));
   if (writer_) log_.write(r);
+  if (tensorboard_) tensorboard_->write_step(step, scalars(r));
   interval_start_ = clock::now();
   interval_steps_ = 0;
   return r;

@@ -1,13 +1,15 @@
 // The run's step log: which steps are logged, and the record of each (throughput and ETA over
 // the steps since the previous logged one, the plugins' metrics agreed across ranks), written
-// by rank 0 to the log and to metrics.jsonl.
+// by rank 0 to the log, to metrics.jsonl and, with metrics.tensorboard, to TensorBoard event files.
 #pragma once
 
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <optional>
 
 #include "metrics/metrics_log.hpp"
+#include "metrics/tensorboard_writer.hpp"
 #include "train/job.hpp"
 
 namespace keel {
@@ -16,7 +18,8 @@ namespace keel {
 class StepLog {
  public:
   /// Opens the log of a run that starts after `start_step` (a resumed run's metrics.jsonl is
-  /// continued after it); the first interval starts now.
+  /// continued after it, its TensorBoard events go to a new file that supersedes the steps after
+  /// it); the first interval starts now.
   StepLog(Job& job, int64_t start_step);
   /// Whether step `step` is logged: every metrics.log_interval steps, and the run's first and
   /// last steps.
@@ -34,6 +37,7 @@ class StepLog {
   int64_t start_step_;
   bool writer_;  ///< rank 0 writes what every rank knows
   MetricsLog log_;
+  std::optional<TensorBoardWriter> tensorboard_;  ///< on the writer, with metrics.tensorboard
   clock::time_point interval_start_;
   int64_t interval_steps_ = 0;
 };
