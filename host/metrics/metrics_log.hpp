@@ -1,6 +1,6 @@
 // The step log: a human line every metrics.log_interval steps (metrics/log_line.hpp) and the
-// same record, every figure of it, as one JSON object per line in <run_dir>/metrics.jsonl. A non-finite value is "nan" in the line and the
-// string "nan" / "inf" / "-inf" in the JSON (metrics/json_number.hpp): never fatal.
+// same record, every figure of it, as one JSON object per line in <run_dir>/metrics.jsonl. A non-finite value is "nan"
+// in the line and the string "nan" / "inf" / "-inf" in the JSON (metrics/json_number.hpp): never fatal.
 #pragma once
 
 #include <fstream>

@@ -148,8 +148,7 @@ TEST(ComponentTables, AMisspeltTableOfTheSelectedComponentIsRefusedNotIgnored) {
   EXPECT_NE(two.resolved.find("[model.deepseek_v3_mtp]\nflavor = \"tiny\"\n"), std::string::npos) << two.resolved;
   Built swapped = build(kModel + "[model.deepseek_v3_mtp]\nflavor = \"tiny\"\n", {"model.plugin=deepseek_v3_mtp"});
   ASSERT_EQ(swapped.error, "");
-  EXPECT_NE(swapped.resolved.find("[model.deepseek_v3_mtp]\nflavor = \"tiny\"\nvocab_size = 256\n"),
-            std::string::npos)
+  EXPECT_NE(swapped.resolved.find("[model.deepseek_v3_mtp]\nflavor = \"tiny\"\nvocab_size = 256\n"), std::string::npos)
       << swapped.resolved;
 }
 

@@ -155,8 +155,9 @@ TEST_F(FaultyClipper, AnUndeclaredReadFailsEvenWhenThePluginSwallowsTheStatus) {
   } catch (const InputError& e) {
     FAIL() << "reported as bad input: " << e.what();
   } catch (const std::runtime_error& e) {
-    EXPECT_HAS(std::string(e.what()), "clipper swallows_undeclared (faulty): create reads config key 'limt', which "
-                                      "its config keys extension does not declare");
+    EXPECT_HAS(std::string(e.what()),
+               "clipper swallows_undeclared (faulty): create reads config key 'limt', which "
+               "its config keys extension does not declare");
     EXPECT_HAS(std::string(e.what()), "(and reported success)");
   }
 }
