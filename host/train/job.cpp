@@ -92,16 +92,17 @@ Job::Job(const RunOptions& options, bool meta, int offline_rank) : tree_(load_tr
   HostServices services{mesh_.get(), &metrics_};
   const ComponentTable model_table = component_table(tree_, "model", config_.model.component);
   const ComponentTable clipper_table = component_table(tree_, "clipper", config_.clipper.component);
-  model_section_ = std::make_unique<ConfigSection>(model_table.section);
-  clipper_section_ = std::make_unique<ConfigSection>(clipper_table.section);
   const std::string model_plugin = registry_->load(config_.model.plugin).descriptor->plugin_name;
   const std::string clipper_plugin = registry_->load(config_.clipper.plugin).descriptor->plugin_name;
-  model_ = std::make_unique<Model>(model_c, model_plugin, *model_section_, services);
-  clipper_ = std::make_unique<Clipper>(clipper_c, clipper_plugin, *clipper_section_, services);
-  tree_.annotate(model_section_->name(), reads_hint("model", config_.model.component, model_plugin,
-                                                    model_->extensions(), model_section_->name() == "model"));
-  tree_.annotate(clipper_section_->name(), reads_hint("clipper", config_.clipper.component, clipper_plugin,
-                                                      clipper_->extensions(), clipper_section_->name() == "clipper"));
+  // The components keep their own copy of the section (plugins/component_config.hpp).
+  model_ = std::make_unique<Model>(model_c, model_plugin, model_table.section, services);
+  clipper_ = std::make_unique<Clipper>(clipper_c, clipper_plugin, clipper_table.section, services);
+  const std::string& model_name = model_table.section.name();
+  const std::string& clipper_name = clipper_table.section.name();
+  tree_.annotate(model_name, reads_hint("model", config_.model.component, model_plugin, model_->extensions(),
+                                        model_name == "model"));
+  tree_.annotate(clipper_name, reads_hint("clipper", config_.clipper.component, clipper_plugin, clipper_->extensions(),
+                                          clipper_name == "clipper"));
   tree_.check_all_read();
   if (rank == 0)
     for (const auto& [role, choice, table] :

@@ -61,7 +61,6 @@ class Job {
   std::unique_ptr<Mesh> mesh_;
   StepMetrics metrics_;
   std::unique_ptr<PluginRegistry> registry_;
-  std::unique_ptr<ConfigSection> model_section_, clipper_section_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Clipper> clipper_;
   std::vector<ModelPart*> parts_;
