@@ -205,6 +205,59 @@ ModelExport Model::export_state(const std::string& format,
   return std::move(receiver.result);
 }
 
+namespace {
+
+// The sink of an import: each tensor goes to the caller's receiver at once.
+struct ImportReceiver {
+  HostContext* context;
+  const std::function<void(const std::string&, const at::Tensor&)>* receive;
+
+  static keel_status tensor(void* context, const char* name, const keel_tensor* value) {
+    auto& self = *static_cast<ImportReceiver*>(context);
+    std::string why;
+    if (name == nullptr || name[0] == '\0') {
+      why = "import: a tensor without a name";
+    } else if (value == nullptr || !keel::tensor(value).defined()) {
+      why = cat("import: tensor '", name, "' is undefined");
+    } else {
+      try {
+        (*self.receive)(name, keel::tensor(value).detach());
+        return KEEL_OK;
+      } catch (const std::exception& e) {
+        why = e.what();
+      }
+    }
+    host_api().set_error(self.context->raw(), KEEL_ERROR_INVALID_ARGUMENT, why.c_str());
+    return KEEL_ERROR_INVALID_ARGUMENT;
+  }
+  static keel_status file(void* context, const char* name, const char*) {
+    auto& self = *static_cast<ImportReceiver*>(context);
+    host_api().set_error(
+        self.context->raw(), KEEL_ERROR_INVALID_ARGUMENT,
+        cat("import: file '", name != nullptr ? name : "", "': an import produces tensors only").c_str());
+    return KEEL_ERROR_INVALID_ARGUMENT;
+  }
+};
+
+}  // namespace
+
+void Model::import_state(const std::string& format, const keel_import_source& source,
+                         const std::function<void(const std::string&, const at::Tensor&)>& receive) {
+  if (extensions_.model_import.import_state == nullptr)
+    throw InputError(cat(context_.label(), " cannot import '", format,
+                         "': the plugin has no import extension (it was built against an SDK before 1.4, or its "
+                         "model does not support import)"));
+  ImportReceiver receiver{&context_, &receive};
+  keel_export_sink sink{sizeof(keel_export_sink), &receiver, &ImportReceiver::tensor, &ImportReceiver::file};
+  const keel_status status = extensions_.model_import.import_state(raw_, format.c_str(), &source, &sink);
+  try {
+    context_.check(status, "import_state");
+  } catch (const std::runtime_error& e) {
+    if (status == KEEL_ERROR_UNSUPPORTED) throw InputError(e.what());
+    throw;
+  }
+}
+
 // ------------------------------------------------------------------ Clipper
 
 Clipper::Clipper(const keel_component& component, const std::string& plugin_name, const ConfigSection& config,

@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -110,6 +111,12 @@ class Model {
   /// InputError naming the plugin and the format when the model cannot export (no
   /// export_state, as in every ABI 1.0 plugin) or does not know the format.
   ModelExport export_state(const std::string& format, const std::vector<std::pair<std::string, at::Tensor>>& state);
+  /// Hands each tensor the model imports from `source` in `format` to `receive` (canonical
+  /// FQN, whole CPU tensor), one at a time; an exception from `receive` refuses the tensor. An
+  /// InputError names the plugin when the model cannot import, does not know the format, or
+  /// refuses the source.
+  void import_state(const std::string& format, const keel_import_source& source,
+                    const std::function<void(const std::string&, const at::Tensor&)>& receive);
   /// The vtable (zero-extended to this host's size).
   const keel_model_vtable& vtable() const { return vtable_; }
   /// The extensions of the model's component that this host knows.

@@ -134,6 +134,16 @@ const char* config_type_name(keel_config_type type) {
   return "unknown";
 }
 
+namespace {
+
+void require_model(const keel_component& component, const std::string& where, const char* what) {
+  if (component.kind != KEEL_COMPONENT_MODEL)
+    throw InputError(cat(where, ": the model ", what, " extension on a ",
+                         component.kind == KEEL_COMPONENT_CLIPPER ? "clipper" : "component of unknown kind"));
+}
+
+}  // namespace
+
 ComponentExtensions read_extensions(const std::string& path, const keel_component& component) {
   ComponentExtensions out;
   if (component.struct_size < KEEL_COMPONENT_SIZE_1_2) return out;  // before 1.2: no chain
@@ -155,13 +165,22 @@ ComponentExtensions read_extensions(const std::string& path, const keel_componen
       out.config_keys = read_config_keys(e, where(index));
       continue;
     }
+    if (e->type == KEEL_EXTENSION_MODEL_IMPORT) {
+      require_model(component, where(index), "import");
+      if (e->struct_size < KEEL_MODEL_IMPORT_EXTENSION_SIZE_1_4)
+        throw InputError(cat(where(index), ": the model import extension is ", e->struct_size,
+                             " bytes, this host needs at least ", KEEL_MODEL_IMPORT_EXTENSION_SIZE_1_4, " (ABI 1.4)"));
+      out.model_import = copy_versioned<keel_model_import_extension>(e);
+      out.model_import.base.next = nullptr;
+      if (out.model_import.import_config == nullptr || out.model_import.import_state == nullptr)
+        throw InputError(cat(where(index), ": the model import extension lacks import_config or import_state"));
+      continue;
+    }
     if (e->type != KEEL_EXTENSION_MODEL_EXPORT) {
       out.unknown.push_back(e->type);
       continue;
     }
-    if (component.kind != KEEL_COMPONENT_MODEL)
-      throw InputError(cat(where(index), ": the model export extension on a ",
-                           component.kind == KEEL_COMPONENT_CLIPPER ? "clipper" : "component of unknown kind"));
+    require_model(component, where(index), "export");
     if (e->struct_size < KEEL_MODEL_EXPORT_EXTENSION_SIZE_1_2)
       throw InputError(cat(where(index), ": the model export extension is ", e->struct_size,
                            " bytes, this host needs at least ", KEEL_MODEL_EXPORT_EXTENSION_SIZE_1_2, " (ABI 1.2)"));

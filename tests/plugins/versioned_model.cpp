@@ -1,11 +1,12 @@
 // One trainable model and one clipper on the raw ABI, built once per ABI minor to prove that
-// plugins of every minor load and train in this host (KEEL_TEST_MINOR = 0 to 4):
+// plugins of every minor load and train in this host (KEEL_TEST_MINOR = 0 to 5):
 //   1.0: component and model vtable end where 1.0 ended; what lies beyond them (an export
 //        function, an extension chain) are traps a host reading past struct_size would use.
 //   1.1: the model vtable carries export_state.
 //   1.2: export is an extension; the vtable's export_state is NULL.
 //   1.3: the clipper declares the one config key it reads (bound), as an extension.
-//   1.4: a newer plugin: a larger component struct and an extension this host cannot know,
+//   1.4: as 1.3 (its model offers no import: a host must say so, not fail).
+//   1.5: a newer plugin: a larger component struct and an extension this host cannot know,
 //        listed before the export extension.
 // The model is a bigram language model (an embedding and an output head, one stage).
 #include <ATen/ATen.h>
@@ -204,7 +205,7 @@ const keel_extension* const kClipperExtensions = nullptr;
 #if KEEL_TEST_MINOR == 0 || KEEL_TEST_MINOR == 1
 constexpr size_t kComponentSize = KEEL_COMPONENT_SIZE_1_0;
 const keel_extension* const kExtensions = &export_extension.base;  // beyond struct_size: a trap
-#elif KEEL_TEST_MINOR == 2 || KEEL_TEST_MINOR == 3
+#elif KEEL_TEST_MINOR >= 2 && KEEL_TEST_MINOR <= 4
 constexpr size_t kComponentSize = KEEL_COMPONENT_SIZE_1_2;
 const keel_extension* const kExtensions = &export_extension.base;
 #else

@@ -41,6 +41,9 @@ std::string hooks(const keel_component& c, const keel::ComponentExtensions& exte
       out.push_back(keel::cat("export_state [extension; formats: ", e.formats != nullptr ? e.formats : "", "]"));
     else
       tag("export_state", legacy_export, false);
+    const keel_model_import_extension& i = extensions.model_import;
+    if (i.import_state != nullptr)
+      out.push_back(keel::cat("import [extension; formats: ", i.formats != nullptr ? i.formats : "", "]"));
   } else {
     auto* v = static_cast<const keel_clipper_vtable*>(c.vtable);
     tag("bind_model_parts", v->bind_model_parts != nullptr, false);

@@ -21,7 +21,8 @@
  *     keel_model_vtable.export_state). 1.2: extensions (keel_component.extensions; export
  *     moves to KEEL_EXTENSION_MODEL_EXPORT), the thread contract, host-owned parameter records
  *     for clippers, keel_host_api.last_error. 1.3: KEEL_EXTENSION_CONFIG_KEYS (a component
- *     declares the keys of its config table).
+ *     declares the keys of its config table). 1.4: KEEL_EXTENSION_MODEL_IMPORT (a model reads
+ *     a checkpoint of another format, e.g. Hugging Face's, through keel_import_source).
  *
  * Ownership and lifetime:
  *   - Every pointer handed across the boundary is borrowed for the duration of the call unless
@@ -51,7 +52,8 @@
  *     model.pre_clip -> clipper.clip -> the host's non-finite check and AdamW
  *       (replayed as one CUDA graph when every hook there is capture-safe)
  *     model.post_step
- *   extensions (e.g. export) when a tool asks; the model may have built no parts
+ *   extensions (e.g. export) when a tool asks; the model may have built no parts; import_config
+ *     (before model.create) then import_state when keel-ckpt import asks
  *   clipper.destroy, model.destroy
  *
  * Contract tags, at the end of each function's comment:
@@ -128,7 +130,7 @@ extern "C" {
 /* ---------------------------------------------------------------- versions and basics */
 
 #define KEEL_ABI_MAJOR 1
-#define KEEL_ABI_MINOR 3
+#define KEEL_ABI_MINOR 4
 
 /* The size of struct T up to and including `last_field`: the minimum struct_size a receiver
  * needs when it reads fields up to that one (sizeof(T) may add trailing padding). */
@@ -531,7 +533,8 @@ typedef struct keel_extension {
 
 enum {
   KEEL_EXTENSION_MODEL_EXPORT = 1, /* keel_model_export_extension, on a MODEL component     */
-  KEEL_EXTENSION_CONFIG_KEYS = 2   /* keel_config_keys_extension, on any component (1.3)    */
+  KEEL_EXTENSION_CONFIG_KEYS = 2,  /* keel_config_keys_extension, on any component (1.3)    */
+  KEEL_EXTENSION_MODEL_IMPORT = 3  /* keel_model_import_extension, on a MODEL component (1.4) */
 };
 
 /* Model export (the 1.1 vtable field export_state, as an extension). */
@@ -585,6 +588,60 @@ typedef struct keel_config_keys_extension {
 #define KEEL_MAX_CONFIG_DOC 400
 #define KEEL_CONFIG_KEY_SIZE_1_3 KEEL_STRUCT_SIZE(keel_config_key, doc)
 #define KEEL_CONFIG_KEYS_EXTENSION_SIZE_1_3 KEEL_STRUCT_SIZE(keel_config_keys_extension, count)
+
+/* A checkpoint of another format as the host reads it (1.4): its config (e.g. Hugging Face's
+ * config.json) and its tensors. Host-owned, borrowed for the call it is passed to; every
+ * callback reports a failure with a message naming the file and the value (host last_error). */
+typedef struct keel_import_source {
+  size_t struct_size;
+  void* context; /* the host's; pass it back unchanged                                   */
+  /* Reads the config value at `path` (object keys joined by '.', array items by index:
+   * "hidden_size", "rope_scaling.factor", "architectures.0") as `type` into `out`: an int64_t,
+   * a double (an integer is accepted), an int32_t 0/1, or a const char* (valid until the
+   * import call returns). *found is 0 (and `out` untouched) when the value is absent or null;
+   * another type is KEEL_ERROR_INVALID_ARGUMENT. */
+  keel_status (*config_get)(void* context, const char* path, int32_t type, void* out, int32_t* found);
+  /* 1 when the source holds tensor `name`, else 0. */
+  int32_t (*has_tensor)(void* context, const char* name);
+  /* The tensor `name` as stored (CPU, its own dtype and shape, read-only; valid until the
+   * import call returns), or KEEL_ERROR_INVALID_ARGUMENT naming it when absent. A tensor the
+   * source holds that is never read fails the import (an unknown tensor name). */
+  keel_status (*read_tensor)(void* context, const char* name, const keel_tensor** out);
+} keel_import_source;
+
+#define KEEL_IMPORT_SOURCE_SIZE_1_4 KEEL_STRUCT_SIZE(keel_import_source, read_tensor)
+
+/* Where import_config writes the component's config table: one call per key. */
+typedef struct keel_config_sink {
+  size_t struct_size;
+  void* context; /* the host's; pass it back unchanged                                   */
+  /* Sets `key` (a declared config key of the component) to `value`, a TOML value ("64",
+   * "1e-06", "true", "\"sigmoid\""); a key set twice is an error. */
+  keel_status (*set)(void* context, const char* key, const char* value);
+} keel_config_sink;
+
+#define KEEL_CONFIG_SINK_SIZE_1_4 KEEL_STRUCT_SIZE(keel_config_sink, set)
+
+/* Model import (1.4): the inverse of export. */
+typedef struct keel_model_import_extension {
+  keel_extension base; /* type = KEEL_EXTENSION_MODEL_IMPORT                                */
+  /* The formats understood, comma-separated ("hf"), for listings. */
+  const char* formats;
+  /* Translates the source's config into the keys of this component's config table (the
+   * shapes), before any model exists; refuses a config it cannot represent with
+   * KEEL_ERROR_UNSUPPORTED naming the field. An unknown format is KEEL_ERROR_UNSUPPORTED.
+   * [once][train-thread] */
+  keel_status (*import_config)(keel_host* host, const char* format, const keel_import_source* source,
+                               const keel_config_sink* sink);
+  /* On a model created from that table (it may have built no parts): hands `sink` every
+   * parameter and persistent buffer under its canonical FQN, whole, on the CPU, one at a time
+   * (the host writes each out before the next, so the import never holds the whole model).
+   * Refuses a tensor whose shape disagrees with the config, naming it. [once][train-thread] */
+  keel_status (*import_state)(keel_model* model, const char* format, const keel_import_source* source,
+                              const keel_export_sink* sink);
+} keel_model_import_extension;
+
+#define KEEL_MODEL_IMPORT_EXTENSION_SIZE_1_4 KEEL_STRUCT_SIZE(keel_model_import_extension, import_state)
 
 /* ---------------------------------------------------------------- the descriptor */
 

@@ -8,6 +8,7 @@
 #include <keel/keel.h>
 #include <keel/export.hpp>
 #include <keel/host.hpp>
+#include <keel/import.hpp>
 #include <keel/param_view.hpp>
 #include <keel/part.hpp>
 
@@ -114,6 +115,21 @@ struct ModelAdapter {
       }
       ExportSink out(sink, holder(m).host.raw());
       holder(m).object->export_state(format != nullptr ? format : "", tensors, out);
+    });
+  }
+  static keel_status import_config(keel_host* host, const char* format, const keel_import_source* source,
+                                   const keel_config_sink* sink) {
+    return guard(host, [&] {
+      ImportedConfig out(sink, host);
+      M::import_config(Host(host), format != nullptr ? format : "", ImportSource(source, host), out);
+    });
+  }
+  static keel_status import_state(keel_model* m, const char* format, const keel_import_source* source,
+                                  const keel_export_sink* sink) {
+    keel_host* host = holder(m).host.raw();
+    return guard(host, [&] {
+      ExportSink out(sink, host);
+      holder(m).object->import_state(format != nullptr ? format : "", ImportSource(source, host), out);
     });
   }
 };
@@ -227,6 +243,35 @@ constexpr bool has_export = requires(M& m, const std::string& format, const std:
   m.export_state(format, state, sink);
 };
 
+template <class M>
+constexpr bool has_import = requires(M& m, Host host, const std::string& format, const ImportSource& source,
+                                     ImportedConfig& config, ExportSink& sink) {
+  M::import_config(host, format, source, config);
+  m.import_state(format, source, sink);
+};
+
+// The import extension of M chained in front of `next` when M imports.
+template <class M>
+const keel_extension* with_import(const keel_extension* next) {
+  if constexpr (has_import<M>) {
+    using A = ModelAdapter<M>;
+    static const keel_model_import_extension import_extension = [next] {
+      keel_model_import_extension e{};
+      e.base = {sizeof(keel_model_import_extension), KEEL_EXTENSION_MODEL_IMPORT, next};
+      if constexpr (requires { M::import_formats; })
+        e.formats = M::import_formats;
+      else
+        e.formats = "";
+      e.import_config = &A::import_config;
+      e.import_state = &A::import_state;
+      return e;
+    }();
+    return &import_extension.base;
+  } else {
+    return next;
+  }
+}
+
 }  // namespace detail
 
 /// The MODEL component of class M. M provides:
@@ -235,10 +280,14 @@ constexpr bool has_export = requires(M& m, const std::string& format, const std:
 /// and optionally post_init(), pre_clip(), post_step() and
 ///   void export_state(const std::string& format, const std::map<std::string, at::Tensor>& state,
 ///                     keel::ExportSink& sink);
-/// with `static constexpr const char* export_formats = "hf";` naming the formats, and
+/// with `static constexpr const char* export_formats = "hf";` naming the formats, its inverse
+///   static void import_config(keel::Host, const std::string& format, const keel::ImportSource&,
+///                             keel::ImportedConfig&);
+///   void import_state(const std::string& format, const keel::ImportSource&, keel::ExportSink&);
+/// with `static constexpr const char* import_formats = "hf";`, and
 ///   static std::vector<keel::ConfigKey> config_keys();
 /// declaring every key it reads (keel/config_keys.hpp). A hook M lacks is NULL in the vtable;
-/// export and config keys are offered as extensions.
+/// export, import and config keys are offered as extensions.
 /// `hook_flags` declares capture-safe hooks (KEEL_HOOK_*_CAPTURE_SAFE). Every member function
 /// is called on the train thread.
 template <class M>
@@ -280,7 +329,7 @@ const keel_component* model_component(const char* name, const char* description,
                                         name,
                                         description,
                                         &vtable,
-                                        detail::with_config_keys<M>(extensions)};
+                                        detail::with_config_keys<M>(detail::with_import<M>(extensions))};
   return &component;
 }
 
