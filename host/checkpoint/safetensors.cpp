@@ -43,6 +43,10 @@ const char* dtype_code(at::ScalarType t) {
       return "U8";
     case at::kBool:
       return "BOOL";
+    case at::kFloat8_e4m3fn:
+      return "F8_E4M3";
+    case at::kFloat8_e5m2:
+      return "F8_E5M2";
     default:
       throw std::invalid_argument(cat("safetensors: unsupported dtype ", t));
   }
@@ -60,9 +64,18 @@ void sync_file(const std::string& path) {
 }
 
 at::ScalarType dtype_from(const std::string& code, const std::string& where) {
-  static const std::map<std::string, at::ScalarType> table = {
-      {"F32", at::kFloat}, {"F64", at::kDouble}, {"BF16", at::kBFloat16}, {"F16", at::kHalf}, {"I64", at::kLong},
-      {"I32", at::kInt},   {"I16", at::kShort},  {"I8", at::kChar},       {"U8", at::kByte},  {"BOOL", at::kBool}};
+  static const std::map<std::string, at::ScalarType> table = {{"F32", at::kFloat},
+                                                              {"F64", at::kDouble},
+                                                              {"BF16", at::kBFloat16},
+                                                              {"F16", at::kHalf},
+                                                              {"I64", at::kLong},
+                                                              {"I32", at::kInt},
+                                                              {"I16", at::kShort},
+                                                              {"I8", at::kChar},
+                                                              {"U8", at::kByte},
+                                                              {"BOOL", at::kBool},
+                                                              {"F8_E4M3", at::kFloat8_e4m3fn},
+                                                              {"F8_E5M2", at::kFloat8_e5m2}};
   auto it = table.find(code);
   if (it == table.end()) throw InputError(cat(where, ": unsupported dtype '", code, "'"));
   return it->second;
@@ -74,29 +87,43 @@ std::string safetensors_dtype(at::ScalarType type) { return dtype_code(type); }
 
 at::ScalarType scalar_type_of(const std::string& code, const std::string& where) { return dtype_from(code, where); }
 
-void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                       const std::map<std::string, std::string>& metadata, bool durable) {
+std::string safetensors_header(const std::vector<SafetensorsLayout>& layout,
+                               const std::map<std::string, std::string>& metadata, std::vector<uint64_t>& offsets) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::vector<at::Tensor> cpu;
+  offsets.clear();
   uint64_t offset = 0;
-  for (const auto& [name, t] : tensors) {
-    at::Tensor c = t.detach().to(at::kCPU).contiguous();
-    auto bytes = static_cast<uint64_t>(c.nbytes());
-    header[name] = {
-        {"dtype", dtype_code(c.scalar_type())}, {"shape", c.sizes().vec()}, {"data_offsets", {offset, offset + bytes}}};
+  for (const SafetensorsLayout& entry : layout) {
+    uint64_t bytes = c10::elementSize(entry.dtype);
+    for (int64_t d : entry.shape) bytes *= static_cast<uint64_t>(d);
+    header[entry.name] = {
+        {"dtype", dtype_code(entry.dtype)}, {"shape", entry.shape}, {"data_offsets", {offset, offset + bytes}}};
+    offsets.push_back(offset);
     offset += bytes;
-    cpu.push_back(c);
   }
   std::string text = header.dump();
   while (text.size() % 8 != 0) text.push_back(' ');
   uint64_t header_size = text.size();
+  std::string out(reinterpret_cast<const char*>(&header_size), sizeof(header_size));  // little-endian hosts only
+  return out + text;
+}
+
+void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata, bool durable) {
+  std::vector<SafetensorsLayout> layout;
+  std::vector<at::Tensor> cpu;
+  for (const auto& [name, t] : tensors) {
+    at::Tensor c = t.detach().to(at::kCPU).contiguous();
+    layout.push_back({name, c.scalar_type(), c.sizes().vec()});
+    cpu.push_back(c);
+  }
+  std::vector<uint64_t> offsets;
+  const std::string header = safetensors_header(layout, metadata, offsets);
   std::string partial = path + ".partial";
   {
     std::ofstream out(partial, std::ios::binary | std::ios::trunc);
     if (!out) throw std::runtime_error(cat("cannot write ", partial));
-    out.write(reinterpret_cast<const char*>(&header_size), sizeof(header_size));  // little-endian hosts only
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    out.write(header.data(), static_cast<std::streamsize>(header.size()));
     for (const at::Tensor& c : cpu)
       out.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.nbytes()));
     out.flush();
@@ -295,6 +322,15 @@ std::vector<std::string> MappedSafetensors::keys() const {
   std::vector<std::string> out;
   for (const auto& [key, e] : entries_) out.push_back(key);
   return out;
+}
+
+void MappedSafetensors::release(const std::string& key) const {
+  const Entry& e = entry(key);
+  // Whole pages inside the tensor only: a neighbour's bytes stay mapped. Dropping clean pages
+  // of a read-only file mapping loses nothing; a later touch reads them again.
+  const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t first = (e.begin + page - 1) / page * page, last = e.end / page * page;
+  if (last > first) ::madvise(static_cast<char*>(map_) + first, last - first, MADV_DONTNEED);
 }
 
 std::pair<const void*, size_t> MappedSafetensors::bytes(const std::string& key) const {

@@ -13,6 +13,19 @@
 
 namespace keel {
 
+/// The place of one tensor in a safetensors file.
+struct SafetensorsLayout {
+  std::string name;
+  at::ScalarType dtype;
+  std::vector<int64_t> shape;
+};
+
+/// The bytes before the data of a file holding `layout` in order (the 8-byte length and the
+/// JSON header, padded to 8); `offsets` receives where each tensor's data starts in the data.
+/// The shapes must be valid (non-negative, their byte counts not overflowing).
+std::string safetensors_header(const std::vector<SafetensorsLayout>& layout,
+                               const std::map<std::string, std::string>& metadata, std::vector<uint64_t>& offsets);
+
 /// Writes `tensors` (name -> tensor, any device; stored contiguous little-endian) and
 /// `metadata` to `path` atomically (a temporary file renamed into place); with `durable` the
 /// data reach the disk (fsync) before the rename.
@@ -40,6 +53,9 @@ class MappedSafetensors {
   bool has(const std::string& key) const { return entries_.count(key) != 0; }
   /// A CPU tensor viewing `key`'s bytes in the mapping (valid while this object lives).
   at::Tensor view(const std::string& key) const;
+  /// Drops the resident pages of `key`'s data (they are read again when touched): bounds the
+  /// memory of a pass that reads a large file tensor by tensor.
+  void release(const std::string& key) const;
   /// The raw bytes of `key`.
   std::pair<const void*, size_t> bytes(const std::string& key) const;
   /// The file's path.

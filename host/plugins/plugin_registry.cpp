@@ -122,17 +122,24 @@ std::vector<std::string> plugin_search_path(const std::vector<std::string>& cli_
   return dirs;
 }
 
-std::string PluginRegistry::locate(const std::string& name) const {
+std::vector<std::string> PluginRegistry::available() const {
   std::vector<std::string> found;
   for (const std::string& dir : search_path_) {
-    fs::path candidate = fs::path(dir) / (name + ".so");
-    if (fs::exists(candidate)) return candidate.string();
     std::error_code ec;
     for (const auto& entry : fs::directory_iterator(dir, ec))
       if (entry.path().extension() == ".so") found.push_back(entry.path().stem().string());
   }
   std::sort(found.begin(), found.end());
   found.erase(std::unique(found.begin(), found.end()), found.end());
+  return found;
+}
+
+std::string PluginRegistry::locate(const std::string& name) const {
+  for (const std::string& dir : search_path_) {
+    fs::path candidate = fs::path(dir) / (name + ".so");
+    if (fs::exists(candidate)) return candidate.string();
+  }
+  const std::vector<std::string> found = available();
   throw InputError(cat("plugin '", name, "' not found; looked for ", name,
                        ".so in: ", search_path_.empty() ? std::string("(no directories)") : join(search_path_, ", "),
                        "; found: ", found.empty() ? std::string("no plugins") : join(found, ", "),

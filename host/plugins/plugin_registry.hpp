@@ -40,6 +40,8 @@ class PluginRegistry {
   /// The component `component` of the given kind from the loaded `plugin`; as component().
   static const keel_component& component_of(const LoadedPlugin& plugin, const std::string& component,
                                             keel_component_kind kind);
+  /// The names of the plugin files (<name>.so) along the search path, sorted, each once.
+  std::vector<std::string> available() const;
   /// The directories searched, in order.
   const std::vector<std::string>& search_path() const { return search_path_; }
 

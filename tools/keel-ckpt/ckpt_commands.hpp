@@ -49,4 +49,17 @@ int export_keel(const std::string& path, const std::string& out);
 int export_hf(const std::string& path, const std::string& out, const std::vector<std::string>& plugin_dirs,
               const std::string& plugin = "");
 
+struct ImportOptions {
+  std::string hf_dir, out_dir;
+  std::vector<std::string> plugin_dirs;
+  std::string plugin, component;  ///< "" = the one model on the search path that imports the folder
+  std::string flavor;             ///< "" = none: the keys config.json gives and the model's defaults
+  std::vector<std::string> sets;  ///< "model.KEY=VALUE" for keys config.json does not give
+};
+
+/// Turns the Hugging Face folder `hf_dir` into the Keel checkpoint `out_dir`/step-0 (and the
+/// model's table in `out_dir`/model.toml) through the model plugin's import extension. Nothing
+/// is left in `out_dir` on failure; an existing step-0 is never replaced.
+int import_hf(const ImportOptions& options);
+
 }  // namespace keel::ckpt

@@ -1,6 +1,7 @@
 // keel-ckpt: lists, verifies, compares and exports Keel checkpoints.
 //   keel-ckpt ls DIR | verify DIR | diff A B [--rtol R --atol T --prefix P] |
-//             export (--hf OUT | --keel OUT.safetensors) DIR [--plugin NAME] [--plugin-path P]
+//             export (--hf OUT | --keel OUT.safetensors) DIR [--plugin NAME] [--plugin-path P] |
+//             import --hf HF_DIR OUT [--plugin NAME] [--flavor F] [--set model.KEY=VALUE]
 // Exit status: 0 done (equal), 1 damaged (verify) or different (diff) or a failure, 2 bad input.
 #include <c10/util/Exception.h>
 
@@ -27,6 +28,7 @@ const char* kUsage =
     "  diff A B                           compares two checkpoints entry by entry (exit 1 if they differ)\n"
     "  export --hf OUT DIR                the model in Hugging Face transformers' format (folder OUT)\n"
     "  export --keel OUT.safetensors DIR  the consolidated model under Keel's canonical names\n"
+    "  import --hf HF_DIR OUT             a Hugging Face checkpoint folder as the Keel checkpoint OUT/step-0\n"
     "DIR is a checkpoint folder (step-<N>/) or a folder of them (its latest is used).\n"
     "keel-ckpt COMMAND --help shows a command's options.\n"
     "Exit status: 0 ok, 1 damaged (verify), different (diff) or failed, 2 bad input.\n";
@@ -128,10 +130,48 @@ int export_model(const std::vector<std::string>& args) {
   return ck::export_hf(dir, c.vm["hf"].as<std::string>(), plugin_dirs, plugin);
 }
 
+int import_model(const std::vector<std::string>& args) {
+  Command c(
+      "Usage: keel-ckpt import --hf HF_DIR OUT [--plugin NAME] [--component C] [--flavor F]\n"
+      "                        [--set model.KEY=VALUE]... [--plugin-path P]...\n"
+      "  Turns a Hugging Face checkpoint folder (config.json with model.safetensors, or the shards\n"
+      "  model.safetensors.index.json names) into the Keel checkpoint OUT/step-0, which any layout loads\n"
+      "  (--set checkpoint.load=OUT/step-0 --set checkpoint.load_model_only=true), and writes the\n"
+      "  matching [model] table to OUT/model.toml. The model plugin reads config.json and maps every\n"
+      "  tensor: the one --plugin names, or else the one model on the plugin search path that accepts the\n"
+      "  folder. --flavor and --set give the keys config.json does not (training settings such as\n"
+      "  mtp_loss_scale); its shapes cannot be overridden. Tensors are read memory-mapped and written one\n"
+      "  at a time. On failure nothing is left in OUT; an existing OUT/step-0 is never replaced.\nOptions");
+  c.options.add_options()("hf", po::value<std::string>(), "the Hugging Face folder to import")(
+      "plugin", po::value<std::string>(), "the model plugin (a name or a path)")(
+      "component", po::value<std::string>(), "the model component, when the plugin has several")(
+      "flavor", po::value<std::string>(), "the model flavor the imported keys apply on top of")(
+      "set", po::value<std::vector<std::string>>()->composing(), "model.KEY=VALUE (repeatable)")(
+      "plugin-path", po::value<std::vector<std::string>>()->composing(),
+      "a folder searched first for plugins (repeatable)");
+  c.hidden.add_options()("out", po::value<std::string>());
+  c.positional.add("out", 1);
+  if (!c.parse(args, "import")) return 2;
+  if (c.help()) return c.print(), 0;
+  if (c.vm.count("hf") == 0 || c.vm.count("out") == 0)
+    throw keel::InputError("import needs a folder and a destination: keel-ckpt import --hf HF_DIR OUT");
+  ck::ImportOptions options;
+  options.hf_dir = c.vm["hf"].as<std::string>();
+  options.out_dir = c.vm["out"].as<std::string>();
+  auto text = [&](const char* key) { return c.vm.count(key) != 0 ? c.vm[key].as<std::string>() : std::string(); };
+  options.plugin = text("plugin");
+  options.component = text("component");
+  options.flavor = text("flavor");
+  if (c.vm.count("plugin-path") != 0) options.plugin_dirs = c.vm["plugin-path"].as<std::vector<std::string>>();
+  if (c.vm.count("set") != 0) options.sets = c.vm["set"].as<std::vector<std::string>>();
+  return ck::import_hf(options);
+}
+
 int run(const std::string& name, const std::vector<std::string>& args) {
   if (name == "ls" || name == "verify") return ls_or_verify(name, args);
   if (name == "diff") return diff(args);
   if (name == "export") return export_model(args);
+  if (name == "import") return import_model(args);
   std::fprintf(stderr, "keel-ckpt: unknown command '%s'\n%s", name.c_str(), kUsage);
   return 2;
 }
