@@ -12,6 +12,7 @@
 
 #include "llama3_args.hpp"
 #include "llama3_export_hf.hpp"
+#include "llama3_import_hf.hpp"
 #include "llama3_part.hpp"
 
 namespace {
@@ -19,6 +20,7 @@ namespace {
 class Llama3 {
  public:
   static constexpr const char* export_formats = "hf";
+  static constexpr const char* import_formats = "hf";
   static std::vector<keel::ConfigKey> config_keys() { return llama3::config_keys(); }
 
   Llama3(keel::Host host, keel::Config& config) : host_(host), args_(llama3::read_args(config)) {}
@@ -42,6 +44,15 @@ class Llama3 {
     if (format != "hf") throw keel::unsupported_format("llama3", format, "hf");
     llama3::export_hf(host_.raw(), args_, state, sink);
   }
+  static void import_config(keel::Host, const std::string& format, const keel::ImportSource& source,
+                            keel::ImportedConfig& out) {
+    if (format != "hf") throw keel::unsupported_format("llama3", format, "hf");
+    llama3::import_hf_config(source, out);
+  }
+  void import_state(const std::string& format, const keel::ImportSource& source, keel::ExportSink& sink) {
+    if (format != "hf") throw keel::unsupported_format("llama3", format, "hf");
+    llama3::import_hf(host_.raw(), args_, source, sink);
+  }
 
  private:
   keel::Host host_;
@@ -52,6 +63,6 @@ class Llama3 {
 
 }  // namespace
 
-KEEL_PLUGIN("llama3", "1.3.0",
+KEEL_PLUGIN("llama3", "1.4.0",
             keel::model_component<Llama3>("llama3", "Llama 3 (RMSNorm, RoPE, grouped-query attention, SwiGLU)",
                                           KEEL_HOOK_PRE_CLIP_CAPTURE_SAFE))
