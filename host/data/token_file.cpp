@@ -5,10 +5,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <stdexcept>
+#include <utility>
 
 #include "common/error.hpp"
 #include "common/text.hpp"
@@ -16,42 +17,115 @@
 namespace keel {
 
 namespace {
-constexpr char kMagic[8] = {'K', 'E', 'E', 'L', 'T', 'O', 'K', '1'};
-constexpr size_t kHeaderSize = 32;
+constexpr char kMagicV1[8] = {'K', 'E', 'E', 'L', 'T', 'O', 'K', '1'};
+constexpr char kMagicV2[8] = {'K', 'E', 'E', 'L', 'T', 'O', 'K', '2'};
+constexpr uint32_t kFlagEos = 1;
+// Tokens are buffered and written in blocks: one write call per token is the slow part of a
+// multi-gigabyte build.
+constexpr size_t kBufferBytes = size_t{1} << 20;
 
-struct Header {
+struct HeaderV1 {
   char magic[8];
   uint32_t width;
   uint32_t reserved;
   uint64_t num_tokens;
   uint64_t vocab_size;
 };
-static_assert(sizeof(Header) == kHeaderSize);
+static_assert(sizeof(HeaderV1) == 32);
+
+struct HeaderV2 {
+  char magic[8];
+  uint32_t width;
+  uint32_t flags;
+  uint64_t num_tokens;
+  uint64_t vocab_size;
+  uint64_t eos_id;
+  uint64_t num_documents;
+};
+static_assert(sizeof(HeaderV2) == 48);
+
+// The largest vocabulary whose every id fits a token of `width` bytes.
+uint64_t max_vocab(uint32_t width) { return width == 2 ? (uint64_t{1} << 16) : (uint64_t{1} << 32); }
 }  // namespace
 
-void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens, uint64_t vocab_size) {
-  Header header{};
-  std::memcpy(header.magic, kMagic, sizeof(kMagic));
-  header.width = vocab_size <= 65536 ? 2 : 4;
-  header.num_tokens = tokens.size();
-  header.vocab_size = vocab_size;
-  std::string partial = path + ".partial";
-  {
-    std::ofstream out(partial, std::ios::binary | std::ios::trunc);
-    if (!out) throw InputError(cat("cannot write token file ", partial));
-    out.write(reinterpret_cast<const char*>(&header), sizeof(header));
-    for (uint32_t token : tokens) {
-      if (token >= vocab_size) throw InputError(cat("token ", token, " is not below the vocabulary size ", vocab_size));
-      if (header.width == 2) {
-        auto narrow = static_cast<uint16_t>(token);
-        out.write(reinterpret_cast<const char*>(&narrow), sizeof(narrow));
-      } else {
-        out.write(reinterpret_cast<const char*>(&token), sizeof(token));
-      }
-    }
-    if (!out) throw InputError(cat("cannot write token file ", partial));
+TokenFileWriter::TokenFileWriter(std::string path, uint64_t vocab_size, std::optional<uint32_t> eos_id)
+    : path_(std::move(path)),
+      partial_(path_ + ".partial"),
+      vocab_(vocab_size),
+      eos_(eos_id),
+      width_(vocab_size <= max_vocab(2) ? 2 : 4) {
+  if (vocab_ == 0) throw InputError(cat("token file ", path_, ": vocabulary size is 0"));
+  if (vocab_ > max_vocab(4))
+    throw InputError(cat("token file ", path_, ": vocabulary size ", vocab_, " does not fit 4-byte tokens (at most ",
+                         max_vocab(4), ")"));
+  if (eos_ && *eos_ >= vocab_)
+    throw InputError(cat("token file ", path_, ": EOS id ", *eos_, " is not below the vocabulary size ", vocab_));
+  out_.open(partial_, std::ios::binary | std::ios::trunc);
+  if (!out_) throw InputError(cat("cannot write token file ", partial_, ": ", std::strerror(errno)));
+  open_ = true;
+  // The header's place; close() writes it once the counts are known.
+  const HeaderV2 blank{};
+  out_.write(reinterpret_cast<const char*>(&blank), sizeof(blank));
+  buffer_.reserve(kBufferBytes);
+}
+
+TokenFileWriter::~TokenFileWriter() {
+  if (!open_) return;
+  out_.close();
+  std::error_code ec;
+  std::filesystem::remove(partial_, ec);
+}
+
+void TokenFileWriter::append(const uint32_t* tokens, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t token = tokens[i];
+    if (token >= vocab_) throw InputError(cat("token ", token, " is not below the vocabulary size ", vocab_));
+    if (buffer_.size() + width_ > kBufferBytes) flush_buffer();
+    const auto* bytes = reinterpret_cast<const unsigned char*>(&token);
+    buffer_.insert(buffer_.end(), bytes, bytes + width_);  // little-endian: the low bytes first
   }
-  std::filesystem::rename(partial, path);
+  num_tokens_ += n;
+}
+
+void TokenFileWriter::end_document() {
+  if (!eos_) throw InputError(cat("token file ", path_, ": a document end needs an EOS id, and this file has none"));
+  append(&*eos_, 1);
+  ++num_documents_;
+}
+
+void TokenFileWriter::flush_buffer() {
+  out_.write(reinterpret_cast<const char*>(buffer_.data()), static_cast<std::streamsize>(buffer_.size()));
+  buffer_.clear();
+  if (!out_) throw InputError(cat("cannot write token file ", partial_, ": ", std::strerror(errno)));
+}
+
+void TokenFileWriter::close() {
+  if (!open_) throw std::logic_error(cat("token file ", path_, " is already closed"));
+  if (num_documents_ > num_tokens_)
+    throw InputError(cat("token file ", path_, ": ", num_documents_, " documents in ", num_tokens_, " tokens"));
+  flush_buffer();
+  HeaderV2 header{};
+  std::memcpy(header.magic, kMagicV2, sizeof(kMagicV2));
+  header.width = width_;
+  header.flags = eos_ ? kFlagEos : 0;
+  header.num_tokens = num_tokens_;
+  header.vocab_size = vocab_;
+  header.eos_id = eos_.value_or(0);
+  header.num_documents = num_documents_;
+  out_.seekp(0);
+  out_.write(reinterpret_cast<const char*>(&header), sizeof(header));
+  out_.close();
+  if (!out_) throw InputError(cat("cannot write token file ", partial_, ": ", std::strerror(errno)));
+  std::filesystem::rename(partial_, path_);
+  open_ = false;
+}
+
+void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens, uint64_t vocab_size,
+                      std::optional<uint32_t> eos_id, uint64_t num_documents) {
+  TokenFileWriter writer(path, vocab_size, eos_id);
+  writer.append(tokens.data(), tokens.size());
+  writer.count_documents(num_documents);
+  writer.close();
 }
 
 TokenFileSource::TokenFileSource(const std::string& path, uint64_t seed) : path_(path), seed_(seed) {
@@ -64,45 +138,75 @@ TokenFileSource::TokenFileSource(const std::string& path, uint64_t seed) : path_
     throw InputError(cat("data.path: cannot stat token file ", path, ": ", std::strerror(err)));
   }
   map_size_ = static_cast<size_t>(st.st_size);
-  if (map_size_ < kHeaderSize) {
+  if (map_size_ < sizeof(HeaderV1)) {
     ::close(fd);
     throw InputError(cat("token file ", path, " is ", map_size_, " bytes, smaller than its 32-byte header"));
   }
   map_ = ::mmap(nullptr, map_size_, PROT_READ, MAP_SHARED, fd, 0);
+  const int map_errno = errno;
   ::close(fd);
   if (map_ == MAP_FAILED) {
     map_ = nullptr;
-    throw InputError(cat("cannot memory-map token file ", path, ": ", std::strerror(errno)));
+    throw InputError(cat("cannot memory-map token file ", path, ": ", std::strerror(map_errno)));
   }
-  Header header{};
-  std::memcpy(&header, map_, sizeof(header));
   auto fail = [&](const std::string& why) {
     ::munmap(map_, map_size_);
     map_ = nullptr;
     throw InputError(cat("token file ", path, ": ", why));
   };
-  if (std::memcmp(header.magic, kMagic, sizeof(kMagic)) != 0)
-    fail("bad magic (not a KEELTOK1 file; build one with keel-data)");
-  if (header.width != 2 && header.width != 4) fail(cat("bytes per token is ", header.width, ", expected 2 or 4"));
-  if (header.reserved != 0) fail(cat("reserved header field is ", header.reserved, ", expected 0"));
+  // Both versions read into the version-2 fields; a version-1 file records no EOS id and no
+  // documents.
+  HeaderV2 header{};
+  size_t header_size = 0;
+  if (std::memcmp(map_, kMagicV1, sizeof(kMagicV1)) == 0) {
+    HeaderV1 v1{};
+    std::memcpy(&v1, map_, sizeof(v1));
+    if (v1.reserved != 0) fail(cat("reserved header field is ", v1.reserved, ", expected 0"));
+    header.width = v1.width;
+    header.num_tokens = v1.num_tokens;
+    header.vocab_size = v1.vocab_size;
+    header_size = sizeof(HeaderV1);
+  } else if (std::memcmp(map_, kMagicV2, sizeof(kMagicV2)) == 0) {
+    if (map_size_ < sizeof(HeaderV2))
+      fail(cat("the file is ", map_size_, " bytes, smaller than its 48-byte KEELTOK2 header"));
+    std::memcpy(&header, map_, sizeof(header));
+    header_size = sizeof(HeaderV2);
+  } else {
+    fail("bad magic (not a KEELTOK1 or KEELTOK2 file; build one with keel-data)");
+  }
+  if (header.width != 2 && header.width != 4)
+    fail(cat("width: bytes per token is ", header.width, ", expected 2 or 4"));
   // The size check in arithmetic that cannot wrap: a header claiming 2^63 tokens must not
   // pass as a small file.
   uint64_t payload = 0, expected = 0;
   if (__builtin_mul_overflow(header.num_tokens, uint64_t{header.width}, &payload) ||
-      __builtin_add_overflow(payload, uint64_t{kHeaderSize}, &expected) || expected != map_size_)
-    fail(cat("header promises ", header.num_tokens, " tokens of ", header.width, " bytes but the file has ",
-             map_size_ - kHeaderSize, " bytes after its header"));
-  if (header.vocab_size == 0) fail("vocabulary size is 0");
+      __builtin_add_overflow(payload, uint64_t{header_size}, &expected) || expected != map_size_)
+    fail(cat("num_tokens: header promises ", header.num_tokens, " tokens of ", header.width, " bytes but the file has ",
+             map_size_ - header_size, " bytes after its header"));
+  if (header.vocab_size == 0) fail("vocab_size: vocabulary size is 0");
   // Every token of the width must be able to be below the vocabulary, and the vocabulary must
   // be representable as a token id of the model (int64).
-  const uint64_t max_vocab = header.width == 2 ? (uint64_t{1} << 16) : (uint64_t{1} << 32);
-  if (header.vocab_size > max_vocab)
-    fail(cat("vocabulary size ", header.vocab_size, " does not fit ", header.width, "-byte tokens (at most ", max_vocab,
-             ")"));
+  if (header.vocab_size > max_vocab(header.width))
+    fail(cat("vocab_size: vocabulary size ", header.vocab_size, " does not fit ", header.width,
+             "-byte tokens (at most ", max_vocab(header.width), ")"));
+  if ((header.flags & ~kFlagEos) != 0)
+    fail(cat("flags: unknown bits set (flags ", header.flags, "; only bit 0, the EOS id, is defined)"));
+  if ((header.flags & kFlagEos) != 0) {
+    if (header.eos_id >= header.vocab_size)
+      fail(cat("eos_id: EOS id ", header.eos_id, " is not below the vocabulary size ", header.vocab_size));
+    eos_ = static_cast<int64_t>(header.eos_id);
+  } else if (header.eos_id != 0) {
+    fail(cat("eos_id: is ", header.eos_id, " but the flags record no EOS id (expected 0)"));
+  }
+  // Not counted against the EOS ids here: the file may be far larger than memory, and opening
+  // it must not read every token.
+  if (header.num_documents > header.num_tokens)
+    fail(cat("num_documents: ", header.num_documents, " documents in ", header.num_tokens, " tokens"));
   width_ = header.width;
   num_tokens_ = header.num_tokens;
   vocab_ = header.vocab_size;
-  tokens_ = static_cast<const unsigned char*>(map_) + kHeaderSize;
+  num_documents_ = header.num_documents;
+  tokens_ = static_cast<const unsigned char*>(map_) + header_size;
 }
 
 TokenFileSource::~TokenFileSource() {
@@ -133,7 +237,12 @@ void TokenFileSource::sample(uint64_t index, int64_t length, int64_t* out) const
 }
 
 std::string TokenFileSource::describe() const {
-  return cat("token file ", path_, ": ", num_tokens_, " tokens of ", width_ * 8, " bits, vocab ", vocab_);
+  std::string text = cat("token file ", path_, ": ", num_tokens_, " tokens of ", width_ * 8, " bits, vocab ", vocab_);
+  if (eos_)
+    text += cat(", EOS id ", *eos_, ", ", num_documents_, " documents");
+  else if (num_documents_ > 0)
+    text += cat(", ", num_documents_, " documents");
+  return text;
 }
 
 }  // namespace keel

@@ -1,12 +1,20 @@
-// Token files: a 32-byte header and little-endian uint16 or uint32 tokens, memory-mapped.
-//   bytes 0-7   magic "KEELTOK1"
+// Token files: a header and little-endian uint16 or uint32 tokens, memory-mapped.
+// Version 2 (written), 48 bytes:
+//   bytes 0-7   magic "KEELTOK2"
 //   bytes 8-11  uint32 bytes per token (2 or 4)
-//   bytes 12-15 uint32 reserved (0)
+//   bytes 12-15 uint32 flags: bit 0 = the file records an EOS id; other bits are 0
 //   bytes 16-23 uint64 number of tokens
 //   bytes 24-31 uint64 vocabulary size (every token is below it)
+//   bytes 32-39 uint64 EOS id, the token that ends each document (below the vocabulary; 0 without flag 0)
+//   bytes 40-47 uint64 number of documents (at most the number of tokens)
+// Version 1 (still read), 32 bytes: "KEELTOK1", uint32 bytes per token, uint32 reserved (0),
+// uint64 number of tokens, uint64 vocabulary size; no EOS id, 0 documents.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,8 +22,50 @@
 
 namespace keel {
 
-/// Writes `tokens` as a token file (uint16 when the vocabulary fits, else uint32), atomically.
-void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens, uint64_t vocab_size);
+/// Writes `tokens` as a version-2 token file (uint16 when the vocabulary fits, else uint32),
+/// atomically; `eos_id` and `num_documents` go to the header as given.
+void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens, uint64_t vocab_size,
+                      std::optional<uint32_t> eos_id = std::nullopt, uint64_t num_documents = 0);
+
+/// Writes a version-2 token file as tokens arrive, without holding them: into `path`.partial,
+/// renamed to `path` by close(). A writer destroyed before close() removes the partial file,
+/// so a failed build never leaves or replaces anything at `path`.
+class TokenFileWriter {
+ public:
+  /// Opens `path`.partial; throws InputError when the vocabulary or EOS id cannot be recorded.
+  TokenFileWriter(std::string path, uint64_t vocab_size, std::optional<uint32_t> eos_id);
+  ~TokenFileWriter();
+  TokenFileWriter(const TokenFileWriter&) = delete;
+  TokenFileWriter& operator=(const TokenFileWriter&) = delete;
+
+  /// Appends `n` tokens; each must be below the vocabulary size.
+  void append(const uint32_t* tokens, size_t n);
+  /// Appends the EOS id and counts one document; throws when the file records no EOS id.
+  void end_document();
+  /// Counts `n` documents whose EOS ids the caller already appended.
+  void count_documents(uint64_t n) { num_documents_ += n; }
+  /// Writes the header, then renames the partial file to `path`.
+  void close();
+
+  /// Tokens appended so far.
+  uint64_t num_tokens() const { return num_tokens_; }
+  /// Documents counted so far.
+  uint64_t num_documents() const { return num_documents_; }
+
+ private:
+  void flush_buffer();
+
+  std::string path_;
+  std::string partial_;
+  std::ofstream out_;
+  uint64_t vocab_;
+  std::optional<uint32_t> eos_;
+  uint32_t width_;
+  uint64_t num_tokens_ = 0;
+  uint64_t num_documents_ = 0;
+  std::vector<unsigned char> buffer_;
+  bool open_ = false;
+};
 
 /// A memory-mapped token file; samples are windows at offsets drawn from (seed, index).
 class TokenFileSource final : public TokenSource {
@@ -29,8 +79,11 @@ class TokenFileSource final : public TokenSource {
   void sample(uint64_t index, int64_t length, int64_t* out) const override;
   int64_t vocab_size() const override { return static_cast<int64_t>(vocab_); }
   std::string describe() const override;
+  std::optional<int64_t> eos_id() const override { return eos_; }
   /// Number of tokens in the file.
   uint64_t num_tokens() const { return num_tokens_; }
+  /// Number of documents the header records (0 when it records none).
+  uint64_t num_documents() const { return num_documents_; }
 
  private:
   std::string path_;
@@ -41,6 +94,8 @@ class TokenFileSource final : public TokenSource {
   uint32_t width_ = 0;
   uint64_t num_tokens_ = 0;
   uint64_t vocab_ = 0;
+  std::optional<int64_t> eos_;
+  uint64_t num_documents_ = 0;
 };
 
 }  // namespace keel

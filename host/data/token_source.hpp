@@ -30,6 +30,8 @@ class TokenSource {
   virtual std::string describe() const = 0;
   /// The exact minimum achievable mean next-token loss (nats), when known.
   virtual std::optional<double> loss_floor() const { return std::nullopt; }
+  /// The id that ends each document, when the source records one.
+  virtual std::optional<int64_t> eos_id() const { return std::nullopt; }
 };
 
 }  // namespace keel

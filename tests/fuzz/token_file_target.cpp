@@ -1,6 +1,8 @@
-// Fuzz target: a token file (its 32-byte header and the tokens it promises), opened as
-// training opens data.path and sampled as the batch stream samples it.
+// Fuzz target: a token file (its KEELTOK1 or KEELTOK2 header and the tokens it promises),
+// opened as training opens data.path and sampled as the batch stream samples it.
 #include <algorithm>
+#include <optional>
+#include <stdexcept>
 #include <vector>
 
 #include "data/token_file.hpp"
@@ -11,6 +13,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   keel::fuzz::guarded("token_file", [&] {
     keel::TokenFileSource source(path, /*seed=*/7);
     source.describe();
+    // What training relies on once the file opened: an EOS id is a token of the vocabulary,
+    // and there are no more documents than tokens.
+    const std::optional<int64_t> eos = source.eos_id();
+    if ((eos && (*eos < 0 || *eos >= source.vocab_size())) || source.num_documents() > source.num_tokens())
+      throw std::logic_error("an accepted header breaks its own invariants");
     // A window of 1 token and one of up to 64 (the whole file when it is shorter), at a few
     // indices: every offset a sample may start at is drawn from (seed, index).
     const int64_t longest = static_cast<int64_t>(std::min<uint64_t>(source.num_tokens(), 64));

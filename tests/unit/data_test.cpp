@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 
@@ -130,6 +131,114 @@ TEST(TokenFile, ReservedFieldAndAVocabularyBeyondTheTokenWidthAreRefused) {
       << open_error(dir / "vocab.bin");
   test::write_file(dir / "vocab4.bin", token_header(4, 0, 2, uint64_t{1} << 40) + std::string(8, '\0'));
   EXPECT_NE(open_error(dir / "vocab4.bin").find("does not fit 4-byte tokens"), std::string::npos);
+}
+
+// A 48-byte version-2 token-file header.
+std::string token_header_v2(uint32_t width, uint32_t flags, uint64_t num_tokens, uint64_t vocab, uint64_t eos,
+                            uint64_t documents) {
+  std::string bytes = "KEELTOK2";
+  auto put = [&](const auto& v) { bytes.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  put(width);
+  put(flags);
+  put(num_tokens);
+  put(vocab);
+  put(eos);
+  put(documents);
+  return bytes;
+}
+
+TEST(TokenFile, Version2RecordsTheEosIdAndTheDocumentCount) {
+  test::TempDir dir;
+  TokenFileWriter writer(dir / "t.bin", 70000, 69999);
+  for (uint32_t doc = 0; doc < 3; ++doc) {
+    const std::vector<uint32_t> body = {doc, 65536 + doc};
+    writer.append(body.data(), body.size());
+    writer.end_document();
+  }
+  writer.close();
+  TokenFileSource source(dir / "t.bin", 1);
+  EXPECT_EQ(source.num_tokens(), 9u);
+  EXPECT_EQ(source.vocab_size(), 70000);
+  EXPECT_EQ(source.eos_id(), std::optional<int64_t>(69999));
+  EXPECT_EQ(source.num_documents(), 3u);
+  EXPECT_EQ(std::filesystem::file_size(dir / "t.bin"), 48u + 9u * 4u);  // uint32 tokens: the vocabulary needs them
+  std::vector<int64_t> all(9);
+  source.sample(0, 9, all.data());
+  EXPECT_EQ(all, (std::vector<int64_t>{0, 65536, 69999, 1, 65537, 69999, 2, 65538, 69999}));
+  EXPECT_NE(source.describe().find("EOS id 69999, 3 documents"), std::string::npos) << source.describe();
+
+  write_token_file(dir / "plain.bin", {1, 2, 3}, 10);
+  TokenFileSource plain(dir / "plain.bin", 1);
+  EXPECT_EQ(plain.eos_id(), std::nullopt);
+  EXPECT_EQ(plain.num_documents(), 0u);
+  EXPECT_EQ(std::filesystem::file_size(dir / "plain.bin"), 48u + 3u * 2u);
+  EXPECT_EQ(plain.describe().find("EOS"), std::string::npos) << plain.describe();
+}
+
+TEST(TokenFile, Version1FilesAreStillRead) {
+  test::TempDir dir;
+  std::string payload;
+  for (uint16_t t : {5, 6, 7, 8}) payload.append(reinterpret_cast<const char*>(&t), sizeof(t));
+  test::write_file(dir / "v1.bin", token_header(2, 0, 4, 300) + payload);
+  TokenFileSource source(dir / "v1.bin", 1);
+  EXPECT_EQ(source.num_tokens(), 4u);
+  EXPECT_EQ(source.eos_id(), std::nullopt);
+  EXPECT_EQ(source.num_documents(), 0u);
+  std::vector<int64_t> all(4);
+  source.sample(3, 4, all.data());
+  EXPECT_EQ(all, (std::vector<int64_t>{5, 6, 7, 8}));
+}
+
+TEST(TokenFile, EachBadVersion2HeaderFieldIsRefusedNamingTheFieldAndTheFile) {
+  test::TempDir dir;
+  const std::string four_tokens(8, '\0');
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {token_header_v2(3, 1, 4, 300, 2, 1) + std::string(12, '\0'), "width: bytes per token is 3"},
+      {token_header_v2(2, 2, 4, 300, 0, 0) + four_tokens, "flags: unknown bits"},
+      {token_header_v2(2, 1, 4, 300, 300, 1) + four_tokens, "eos_id: EOS id 300 is not below the vocabulary size 300"},
+      {token_header_v2(2, 0, 4, 300, 7, 0) + four_tokens, "eos_id: is 7 but the flags record no EOS id"},
+      {token_header_v2(2, 1, 4, 300, 2, 5) + four_tokens, "num_documents: 5 documents in 4 tokens"},
+      {token_header_v2(2, 1, 4, 0, 0, 1) + four_tokens, "vocab_size: vocabulary size is 0"},
+      {token_header_v2(2, 1, 4, 70000, 2, 1) + four_tokens, "vocab_size: vocabulary size 70000 does not fit"},
+      {token_header_v2(2, 1, 5, 300, 2, 1) + four_tokens, "num_tokens: header promises 5 tokens"},
+      {token_header_v2(2, 1, (uint64_t{1} << 63) + 4, 300, 2, 1) + four_tokens, "num_tokens: header promises"},
+      {token_header_v2(2, 1, 0, 300, 2, 0).substr(0, 40), "smaller than its 48-byte KEELTOK2 header"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string path = dir / ("bad" + std::to_string(i) + ".bin");
+    test::write_file(path, cases[i].first);
+    const std::string error = open_error(path);
+    EXPECT_NE(error.find(cases[i].second), std::string::npos) << "case " << i << ": " << error;
+    EXPECT_NE(error.find(path), std::string::npos) << "case " << i << ": " << error;
+  }
+  // The same fields, valid, open.
+  test::write_file(dir / "good.bin", token_header_v2(2, 1, 4, 300, 2, 4) + four_tokens);
+  EXPECT_EQ(open_error(dir / "good.bin"), "");
+}
+
+TEST(TokenFileWriter, AFailedOrAbandonedWriteLeavesTheOutputPathAlone) {
+  test::TempDir dir;
+  const std::string path = dir / "t.bin";
+  test::write_file(path, "previous contents");
+  try {
+    write_token_file(path, {1, 2, 300}, 300);
+    FAIL() << "accepted a token beyond the vocabulary";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("token 300 is not below the vocabulary size 300"), std::string::npos);
+  }
+  {
+    TokenFileWriter abandoned(path, 300, 2);
+    const uint32_t t = 1;
+    abandoned.append(&t, 1);
+    abandoned.end_document();
+  }
+  std::ifstream in(path);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "previous contents");
+  EXPECT_FALSE(std::filesystem::exists(path + ".partial"));
+  EXPECT_THROW(TokenFileWriter(path, 300, 300), InputError);  // an EOS id the vocabulary cannot hold
+  EXPECT_THROW(TokenFileWriter(dir / "no/such/dir/t.bin", 300, std::nullopt), InputError);
+  TokenFileWriter no_eos(dir / "u.bin", 300, std::nullopt);
+  EXPECT_THROW(no_eos.end_document(), InputError);
 }
 
 TEST(Safetensors, RoundTripsDtypesShapesAndMetadata) {
