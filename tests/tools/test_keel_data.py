@@ -1,0 +1,236 @@
+"""keel-data build --tokenizer: ids equal the tokenizers library's own encoding, the header
+records vocabulary, EOS id and documents, the output is deterministic, bad input is refused.
+
+  python3 tests/tools/test_keel_data.py BIN_DIR PLUGIN_DIR WORK_DIR
+
+Trains a small byte-level BPE tokenizer.json with `tokenizers` on a corpus written here, builds
+token files from plain text and JSONL with keel-data, parses each header here, and compares
+every document's ids with `Tokenizer.encode(doc, add_special_tokens=False).ids` + [EOS]. A file
+keel-data wrote then trains the tiny llama3 for two steps. Exits 0 when every check holds;
+prints each failed check and exits 1 otherwise.
+"""
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+SPECIALS = ["<|endoftext|>", "<pad>", "<|eos|>"]
+# Multi-byte UTF-8, a tab, a carriage return and leading spaces: text a byte-level BPE splits in
+# interesting places.
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Grüße aus Köln: naïve café, déjà vu — 日本語のテキスト。",
+    "  indented\tline with a tab\r\nand a CRLF ending",
+    "Numbers 3.14159 and 2718 and emoji 🙂🚀 in one line.",
+    "def f(x):\n    return x * 2  # code is text too",
+]
+
+
+def make_tokenizer(path, specials):
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tokenizer.train_from_iterator(SENTENCES * 20, trainer)
+    tokenizer.save(path)
+    return Tokenizer.from_file(path)
+
+
+def read_token_file(path):
+    """(header fields, token ids) of a KEELTOK2 file, parsed here independently of Keel."""
+    with open(path, "rb") as f:
+        data = f.read()
+    magic = data[:8]
+    width, flags, num_tokens, vocab, eos, documents = struct.unpack("<IIQQQQ", data[8:48])
+    payload = data[48:]
+    assert len(payload) == num_tokens * width, f"{path}: {len(payload)} payload bytes for {num_tokens} tokens"
+    ids = list(struct.unpack(f"<{num_tokens}{'H' if width == 2 else 'I'}", payload))
+    return {"magic": magic, "width": width, "flags": flags, "num_tokens": num_tokens, "vocab": vocab, "eos": eos,
+            "documents": documents}, ids
+
+
+def main():
+    bin_dir, plugin_dir, work = sys.argv[1:4]
+    keel_data = os.path.join(bin_dir, "keel-data")
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    failures = []
+
+    def check(condition, what):
+        if not condition:
+            failures.append(what)
+
+    def path(name):
+        return os.path.join(work, name)
+
+    def build(*args):
+        return subprocess.run([keel_data, "build", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def write(name, text):
+        with open(path(name), "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+        return path(name)
+
+    def expect_file(out, tokenizer, documents, eos, what):
+        """The token file holds exactly `documents`, each encoded by the library then EOS."""
+        header, ids = read_token_file(out)
+        expected = []
+        for doc in documents:
+            expected += tokenizer.encode(doc, add_special_tokens=False).ids + [eos]
+        check(header["magic"] == b"KEELTOK2", f"{what}: magic {header['magic']!r}")
+        check(header["flags"] == 1, f"{what}: flags {header['flags']}, expected 1 (EOS id recorded)")
+        check(header["vocab"] == tokenizer.get_vocab_size(with_added_tokens=True),
+              f"{what}: vocabulary {header['vocab']}, expected {tokenizer.get_vocab_size(with_added_tokens=True)}")
+        check(header["width"] == 2, f"{what}: {header['width']} bytes per token for a vocabulary of {header['vocab']}")
+        check(header["eos"] == eos, f"{what}: EOS id {header['eos']}, expected {eos}")
+        check(header["documents"] == len(documents), f"{what}: {header['documents']} documents, expected {len(documents)}")
+        check(ids == expected, f"{what}: ids differ from the library's encoding (first difference at "
+                               f"{next((i for i, (a, b) in enumerate(zip(ids, expected)) if a != b), min(len(ids), len(expected)))}"
+                               f", {len(ids)} vs {len(expected)} tokens)")
+
+    tokenizer_json = path("tokenizer.json")
+    tokenizer = make_tokenizer(tokenizer_json, SPECIALS)
+    endoftext = tokenizer.token_to_id("<|endoftext|>")
+
+    # Plain text (one document per file) and JSONL (one per line, a blank line skipped, more
+    # documents than one batch of the tokenizer step holds) in one build, in input order.
+    text_doc = "\n".join(SENTENCES) + "\n"
+    txt = write("story.txt", text_doc)
+    jsonl_docs = [SENTENCES[i % len(SENTENCES)] + f" #{i}" for i in range(2500)] + ["", "<|endoftext|> is text here"]
+    lines = [json.dumps({"id": i, "text": d}, ensure_ascii=i % 2 == 0) for i, d in enumerate(jsonl_docs)]
+    lines.insert(7, "")
+    jsonl = write("docs.jsonl", "\n".join(lines) + "\n")
+    out = path("mixed.tok")
+    r = build("--tokenizer", tokenizer_json, "--input", txt, jsonl, "--output", out)
+    check(r.returncode == 0, f"text + JSONL build: exit {r.returncode}: {r.stdout}")
+    if r.returncode == 0:
+        expect_file(out, tokenizer, [text_doc] + jsonl_docs, endoftext, "text + JSONL")
+        check(f"{len(jsonl_docs) + 1} documents" in r.stdout, f"summary: {r.stdout!r}")
+        check('EOS id %d "<|endoftext|>"' % endoftext in r.stdout, f"summary: {r.stdout!r}")
+        again = path("mixed_again.tok")
+        r2 = build("--tokenizer", tokenizer_json, "--input", txt, jsonl, "--output", again)
+        with open(out, "rb") as a, open(again, "rb") as b:
+            check(r2.returncode == 0 and a.read() == b.read(), "the same input built twice differs")
+
+    # Plain text split into paragraphs and into lines; a JSONL field other than "text".
+    paragraphs = write("paragraphs.txt", "first paragraph\nstill first\n\n\n  second one  \n\nthird\n")
+    r = build("--tokenizer", tokenizer_json, "--input", paragraphs, "--output", path("para.tok"), "--text-split",
+              "paragraph")
+    check(r.returncode == 0, f"paragraphs: exit {r.returncode}: {r.stdout}")
+    if r.returncode == 0:
+        expect_file(path("para.tok"), tokenizer, ["first paragraph\nstill first", "  second one  ", "third"],
+                    endoftext, "paragraphs")
+    r = build("--tokenizer", tokenizer_json, "--input", paragraphs, "--output", path("lines.tok"), "--text-split",
+              "line")
+    check(r.returncode == 0, f"lines: exit {r.returncode}: {r.stdout}")
+    if r.returncode == 0:
+        expect_file(path("lines.tok"), tokenizer, ["first paragraph", "still first", "  second one  ", "third"],
+                    endoftext, "lines")
+    body = write("body.jsonl", json.dumps({"body": "field named body", "text": 1}) + "\n")
+    r = build("--tokenizer", tokenizer_json, "--input", body, "--output", path("body.tok"), "--field", "body")
+    check(r.returncode == 0, f"--field body: exit {r.returncode}: {r.stdout}")
+    if r.returncode == 0:
+        expect_file(path("body.tok"), tokenizer, ["field named body"], endoftext, "--field body")
+
+    # The EOS: --eos, then tokenizer_config.json's eos_token, then a common special token.
+    r = build("--tokenizer", tokenizer_json, "--input", body, "--field", "body", "--output", path("eos.tok"), "--eos",
+              "<|eos|>")
+    check(r.returncode == 0, f"--eos: exit {r.returncode}: {r.stdout}")
+    if r.returncode == 0:
+        expect_file(path("eos.tok"), tokenizer, ["field named body"], tokenizer.token_to_id("<|eos|>"), "--eos")
+    configured = path("configured")
+    os.makedirs(configured)
+    shutil.copy(tokenizer_json, configured)
+    with open(os.path.join(configured, "tokenizer_config.json"), "w") as f:
+        json.dump({"eos_token": {"content": "<pad>", "special": True}}, f)
+    r = build("--tokenizer", os.path.join(configured, "tokenizer.json"), "--input", body, "--field", "body",
+              "--output", path("config_eos.tok"))
+    check(r.returncode == 0, f"tokenizer_config.json eos_token: exit {r.returncode}: {r.stdout}")
+    if r.returncode == 0:
+        expect_file(path("config_eos.tok"), tokenizer, ["field named body"], tokenizer.token_to_id("<pad>"),
+                    "tokenizer_config.json eos_token")
+
+    # The byte-level build still works, as a KEELTOK2 file without an EOS id.
+    r = build("--input", txt, "--output", path("bytes.tok"))
+    check(r.returncode == 0, f"byte-level: exit {r.returncode}: {r.stdout}")
+    if r.returncode == 0:
+        header, ids = read_token_file(path("bytes.tok"))
+        check(header["flags"] == 0 and header["vocab"] == 256 and header["documents"] == 0,
+              f"byte-level header: {header}")
+        check(ids == list(text_doc.encode("utf-8")), "byte-level ids are not the file's bytes")
+
+    # Bad input: exit 2, the problem named, the existing output untouched and no partial file.
+    no_eos_dir = path("no_eos")
+    os.makedirs(no_eos_dir)
+    make_tokenizer(os.path.join(no_eos_dir, "tokenizer.json"), ["<pad>"])
+    bad = {
+        "missing field": (["--input", write("nofield.jsonl", '{"text": "a"}\n{"body": "b"}\n')],
+                          "nofield.jsonl:2: no field 'text'"),
+        "bad JSON line": (["--input", write("broken.jsonl", '{"text": "a"}\n{"text": "a"}\n{"text": "b\n')],
+                          "broken.jsonl:3: not a JSON value"),
+        "non-string field": (["--input", write("number.jsonl", '{"text": 5}\n')],
+                             "number.jsonl:1: field 'text' is a number, not a string"),
+        "not an object": (["--input", write("array.jsonl", '["text"]\n')], "array.jsonl:1: an array"),
+        "not UTF-8 text": (["--input", path("latin1.txt")], "latin1.txt:2: not UTF-8"),
+        "missing tokenizer": (["--tokenizer", path("none/tokenizer.json"), "--input", txt],
+                              "--tokenizer: cannot read"),
+        "not a tokenizer": (["--tokenizer", txt, "--input", txt], "not a tokenizer.json"),
+        "unknown --eos": (["--eos", "<|nope|>", "--input", txt], "--eos: '<|nope|>' is not a token of"),
+        "no EOS found": (["--tokenizer", os.path.join(no_eos_dir, "tokenizer.json"), "--input", txt],
+                         "no EOS token found"),
+        "missing input": (["--input", txt, path("absent.txt")], "--input: no file"),
+        "bad --format": (["--format", "csv", "--input", txt], "--format: csv is not auto, text or jsonl"),
+    }
+    with open(path("latin1.txt"), "wb") as f:
+        f.write(b"fine line\ncaf\xe9\n")
+    for name, (args, why) in bad.items():
+        out = path("kept.tok")
+        with open(out, "w") as f:
+            f.write("previous")
+        if "--tokenizer" not in args:
+            args = ["--tokenizer", tokenizer_json] + args
+        r = build(*args, "--output", out)
+        check(r.returncode == 2 and why in r.stdout, f"{name}: exit {r.returncode}, expected 2 with {why!r}: {r.stdout}")
+        check("kept.tok not written" in r.stdout, f"{name}: the refusal does not say the output was not written")
+        with open(out) as f:
+            check(f.read() == "previous", f"{name}: the existing output was replaced")
+        check(not os.path.exists(out + ".partial"), f"{name}: a partial file was left")
+
+    # A tokenized file trains (the tiny llama3, its vocabulary raised to the tokenizer's).
+    if os.path.exists(path("mixed.tok")):
+        job = write("job.toml", f"""[model]
+plugin = "llama3"
+[model.llama3]
+flavor = "tiny"
+vocab_size = {tokenizer.get_vocab_size(with_added_tokens=True)}
+[training]
+steps = 2
+seq_len = 32
+global_batch = 2
+threads = 1
+[checkpoint]
+save_final = false
+[data]
+source = "tokens"
+path = "{path("mixed.tok")}"
+""")
+        train = subprocess.run([os.path.join(bin_dir, "keel-train"), "--config", job, "--plugin-path", plugin_dir,
+                                "--set", f'job.run_dir="{path("run")}"'],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        check(train.returncode == 0, f"training on the token file: exit {train.returncode}: {train.stdout[-2000:]}")
+        check(f"EOS id {endoftext}, {len(jsonl_docs) + 1} documents" in train.stdout,
+              f"the run does not describe the file's EOS id and documents: {train.stdout[-2000:]}")
+
+    for f in failures:
+        print("FAILED:", f)
+    print(f"keel-data: {'all checks passed' if not failures else f'{len(failures)} check(s) failed'}")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
