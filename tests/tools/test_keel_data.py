@@ -175,6 +175,8 @@ def main():
                           "broken.jsonl:3: not a JSON value"),
         "non-string field": (["--input", write("number.jsonl", '{"text": 5}\n')],
                              "number.jsonl:1: field 'text' is a number, not a string"),
+        "lone surrogate": (["--input", write("surrogate.jsonl", '{"text": "a"}\n{"text": "x\\ud800y"}\n')],
+                           "surrogate.jsonl:2: field 'text' holds '\\ud800', not Unicode text"),
         "not an object": (["--input", write("array.jsonl", '["text"]\n')], "array.jsonl:1: an array"),
         "not UTF-8 text": (["--input", path("latin1.txt")], "latin1.txt:2: not UTF-8"),
         "missing tokenizer": (["--tokenizer", path("none/tokenizer.json"), "--input", txt],

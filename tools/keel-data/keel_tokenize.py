@@ -107,6 +107,10 @@ def jsonl_documents(path, field):
             text = record[field]
             if not isinstance(text, str):
                 raise BadInput(f"{where}: field {field!r} is {json_kind(text)}, not a string")
+            try:  # a JSON escape can make a lone surrogate, which no tokenizer encodes
+                text.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise BadInput(f"{where}: field {field!r} holds {e.object[e.start]!r}, not Unicode text ({e.reason})")
             yield text, len(raw)
 
 
