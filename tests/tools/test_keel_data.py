@@ -203,6 +203,9 @@ def main():
             check(f.read() == "previous", f"{name}: the existing output was replaced")
         check(not os.path.exists(out + ".partial"), f"{name}: a partial file was left")
 
+    r = build("--tokenizer", tokenizer_json, "--input", txt, "--output", no_eos_dir)
+    check(r.returncode == 2 and "is a folder" in r.stdout, f"output is a folder: exit {r.returncode}: {r.stdout}")
+
     # A tokenized file trains (the tiny llama3, its vocabulary raised to the tokenizer's).
     if os.path.exists(path("mixed.tok")):
         job = write("job.toml", f"""[model]

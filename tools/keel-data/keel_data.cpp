@@ -42,6 +42,8 @@ struct Build {
 
 // The input files' total size; each must be a readable regular file.
 uint64_t input_bytes(const Build& build) {
+  if (std::filesystem::is_directory(build.output))
+    throw keel::InputError(keel::cat("--output ", build.output, " is a folder; name the token file to write"));
   uint64_t total = 0;
   for (const std::string& input : build.inputs) {
     std::error_code ec;
