@@ -179,6 +179,8 @@ def main():
                            "surrogate.jsonl:2: field 'text' holds '\\ud800', not Unicode text"),
         "not an object": (["--input", write("array.jsonl", '["text"]\n')], "array.jsonl:1: an array"),
         "not UTF-8 text": (["--input", path("latin1.txt")], "latin1.txt:2: not UTF-8"),
+        "not UTF-8 paragraphs": (["--text-split", "paragraph", "--input", path("latin1.txt")],
+                                 "latin1.txt:2: not UTF-8"),
         "missing tokenizer": (["--tokenizer", path("none/tokenizer.json"), "--input", txt],
                               "--tokenizer: cannot read"),
         "not a tokenizer": (["--tokenizer", txt, "--input", txt], "not a tokenizer.json"),

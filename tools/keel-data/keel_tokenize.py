@@ -33,6 +33,10 @@ COMMON_EOS = ["</s>", "<|end_of_text|>", "<|endoftext|>", "<\uff5cend\u2581of\u2
 BATCH_DOCUMENTS = 1024
 BATCH_BYTES = 4 << 20
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
+# A plain-text file read as one document is encoded in one call: a 24 MB document took 3.5 GB
+# with a byte-level BPE, so a file this large gets a warning.
+LARGE_DOCUMENT = 64 << 20
+MEMORY_PER_BYTE = 150
 
 
 class BadInput(Exception):
@@ -115,36 +119,45 @@ def jsonl_documents(path, field):
 
 
 def text_documents(path, split):
-    """Yields (text, bytes consumed in this file) for each document of a plain-text file."""
-    if split == "line":
-        with open(path, "rb") as f:
-            for number, raw in enumerate(f, start=1):
-                try:
-                    text = raw.decode("utf-8").rstrip("\r\n")
-                except UnicodeDecodeError as e:
-                    raise BadInput(f"{path}:{number}: not UTF-8 ({e.reason} at byte {e.start} of the line)")
-                yield (text if text.strip() else None), len(raw)
+    """Yields (text or None, bytes consumed in this file) for a plain-text file's documents."""
+    if split == "file":
+        yield whole_file(path), os.path.getsize(path)
         return
+    # Line by line, so a large file streams: a document is a non-blank line, or a paragraph
+    # (lines that are not blank, up to a blank line or the end), without its final line break.
+    paragraph = []
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise BadInput(f"{path}:{number}: not UTF-8 ({e.reason} at byte {e.start} of the line)")
+            blank = not line.strip()
+            if split == "line":
+                yield (None if blank else line.rstrip("\r\n")), len(raw)
+            elif not blank:
+                paragraph.append(line)
+                yield None, len(raw)
+            else:
+                yield ("".join(paragraph).rstrip("\r\n") if paragraph else None), len(raw)
+                paragraph = []
+    if paragraph:
+        yield "".join(paragraph).rstrip("\r\n"), 0
+
+
+def whole_file(path):
+    """A plain-text file as one document: its exact text."""
+    size = os.path.getsize(path)
+    if size > LARGE_DOCUMENT:
+        print(f"keel-data: warning: {path} is one document of {size / 1e6:.0f} MB; the library encodes a document "
+              f"whole, at about {MEMORY_PER_BYTE} bytes of memory per byte of text (--text-split paragraph, or "
+              "JSONL, makes smaller documents)", file=sys.stderr)
     with open(path, "rb") as f:
         data = f.read()
     try:
-        text = data.decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise BadInput(f"{path}:{line_of(data, e.start)}: not UTF-8 ({e.reason} at byte {e.start})")
-    if split == "file":
-        yield text, len(data)
-        return
-    # Paragraphs: runs of lines that are not blank, separated by one or more blank lines.
-    paragraph = []
-    for line in text.splitlines(keepends=True):
-        if line.strip():
-            paragraph.append(line)
-        elif paragraph:
-            yield "".join(paragraph).rstrip("\r\n"), 0
-            paragraph = []
-    if paragraph:
-        yield "".join(paragraph).rstrip("\r\n"), 0
-    yield None, len(data)
 
 
 def main():
