@@ -1,6 +1,7 @@
 // The synthetic source, token files, the global sample stream and safetensors files.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <iterator>
@@ -239,6 +240,22 @@ TEST(TokenFileWriter, AFailedOrAbandonedWriteLeavesTheOutputPathAlone) {
   EXPECT_THROW(TokenFileWriter(dir / "no/such/dir/t.bin", 300, std::nullopt), InputError);
   TokenFileWriter no_eos(dir / "u.bin", 300, std::nullopt);
   EXPECT_THROW(no_eos.end_document(), InputError);
+}
+
+TEST(TokenFileWriter, StreamsMoreTokensThanItsBufferHoldsInOrder) {
+  // 700,000 uint32 tokens are 2.8 MB, past the writer's 1 MiB block, appended in odd-sized runs.
+  test::TempDir dir;
+  const uint32_t vocab = 70000, n = 700000;
+  std::vector<uint32_t> tokens(n);
+  for (uint32_t i = 0; i < n; ++i) tokens[i] = (i * 7919u) % vocab;
+  TokenFileWriter writer(dir / "t.bin", vocab, std::nullopt);
+  for (uint32_t at = 0; at < n; at += 9973) writer.append(tokens.data() + at, std::min<uint32_t>(9973, n - at));
+  writer.close();
+  TokenFileSource source(dir / "t.bin", 3);
+  ASSERT_EQ(source.num_tokens(), n);
+  std::vector<int64_t> all(n);
+  source.sample(0, n, all.data());
+  EXPECT_TRUE(std::equal(all.begin(), all.end(), tokens.begin()));
 }
 
 TEST(Safetensors, RoundTripsDtypesShapesAndMetadata) {

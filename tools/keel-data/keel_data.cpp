@@ -40,7 +40,8 @@ struct Build {
   std::string output, tokenizer, eos, format, field, text_split;
 };
 
-// The input files' total size; each must be a readable regular file.
+// The input files' total size; each must be a readable regular file, and --output none of them
+// nor a folder.
 uint64_t input_bytes(const Build& build) {
   if (std::filesystem::is_directory(build.output))
     throw keel::InputError(keel::cat("--output ", build.output, " is a folder; name the token file to write"));
