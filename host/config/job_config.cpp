@@ -147,6 +147,10 @@ JobConfig read_job_config(ConfigTree& tree, int world_size, bool cuda_available)
     c.data.branching = at_least(data, "branching", 4, 1);
   }
   c.data.seed = static_cast<uint64_t>(at_least(data, "seed", seed, 0));
+  // Unset, the default follows the source (the trainer reads whether it records an EOS id).
+  if (data.has("documents")) c.data.documents = data.choice("documents", "eos", {"eos", "none"});
+  if (c.data.documents == "eos" && c.data.source == "synthetic")
+    data.invalid("documents", "\"eos\" needs a source with an EOS id; the synthetic source has no documents");
 
   ConfigSection ck = tree.section("checkpoint");
   c.checkpoint.save_final = ck.boolean("save_final", true);

@@ -65,6 +65,8 @@ struct DataSection {
   std::string path;
   int64_t branching = 4;
   uint64_t seed = 0;
+  /// "eos" | "none" as set; "" when unset: "eos" if the source records an EOS id, else "none".
+  std::string documents;
 };
 
 struct CheckpointSection {

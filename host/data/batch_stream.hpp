@@ -1,11 +1,14 @@
 // Cuts a source's global stream into steps: step k consumes samples
 // [k * global_batch, (k + 1) * global_batch); data-parallel rank r takes its contiguous share.
 // The position is a count of global samples, so a resume at another dp continues the stream.
+// With documents marked by an EOS id, no label crosses a document end: the label of a position
+// holding the EOS (its next token starts another document) is the ignore index.
 #pragma once
 
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <optional>
 
 #include "data/token_source.hpp"
 
@@ -21,7 +24,9 @@ struct Batch {
 /// The per-rank view of the global sample stream.
 class BatchStream {
  public:
-  BatchStream(const TokenSource& source, int64_t seq_len, int64_t global_batch, int dp, int dp_index);
+  /// `document_end`: the EOS id whose next-token labels are ignored (none: every label counts).
+  BatchStream(const TokenSource& source, int64_t seq_len, int64_t global_batch, int dp, int dp_index,
+              std::optional<int64_t> document_end = std::nullopt);
   /// The batch of the next step, advancing the position by one global batch.
   Batch next();
   /// Global samples consumed so far.
@@ -33,6 +38,7 @@ class BatchStream {
   const TokenSource& source_;
   int64_t seq_len_, global_batch_, local_batch_;
   int dp_index_;
+  std::optional<int64_t> document_end_;
   uint64_t position_ = 0;
 };
 

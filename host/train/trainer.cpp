@@ -5,9 +5,11 @@
 #include <c10/core/GradMode.h>
 #include <keel/init.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <limits>
 #include <mutex>
+#include <optional>
 
 #include "common/error.hpp"
 #include "common/log.hpp"
@@ -35,6 +37,19 @@ std::unique_ptr<TokenSource> open_source(Job& job) {
   if (data.branching > vocab)
     section.invalid("branching", cat("must not exceed the model's vocabulary (", vocab, "), got ", data.branching));
   return std::make_unique<SyntheticSource>(vocab, data.branching, data.seed);
+}
+
+// The EOS id after which labels are ignored, from data.documents and what the source records.
+std::optional<int64_t> document_end(Job& job, const TokenSource& source) {
+  const DataSection& data = job.config().data;
+  if (data.documents == "none") return std::nullopt;
+  const std::optional<int64_t> eos = source.eos_id();
+  if (data.documents == "eos" && !eos)
+    ConfigSection(job.tree(), "data")
+        .invalid("documents", cat("\"eos\" needs an EOS id, and the token file ", data.path,
+                                  " has none (rebuild it with keel-data build --tokenizer, or set data.documents = "
+                                  "\"none\")"));
+  return eos;
 }
 
 bool decays(const std::string& fqn, const std::vector<std::string>& no_decay) {
@@ -120,8 +135,14 @@ void Trainer::open_data() {
   const JobConfig& c = job_.config();
   const MeshLayout& mesh = job_.mesh().layout();
   source_ = open_source(job_);
+  const std::optional<int64_t> eos = document_end(job_, *source_);
+  if (mesh.rank == 0)
+    log_info(eos ? cat("documents: no label crosses a document end (labels after EOS id ", *eos, " are ignored)")
+                 : cat("documents: not separated (",
+                       c.data.documents == "none" ? "data.documents = \"none\"" : "the source records no EOS id",
+                       "); labels run across document ends"));
   stream_ =
-      std::make_unique<BatchStream>(*source_, c.training.seq_len, c.training.global_batch, mesh.dp, mesh.dp_index);
+      std::make_unique<BatchStream>(*source_, c.training.seq_len, c.training.global_batch, mesh.dp, mesh.dp_index, eos);
   runner_ = std::make_unique<PipelineRunner>(
       *job_.parts().front(), job_.mesh().group(KEEL_GROUP_PP), c.parallelism.schedule, c.parallelism.microbatches,
       job_.model().info().hidden_size, c.training.dtype == "bf16" ? at::kBFloat16 : at::kFloat, job_.device());
@@ -138,7 +159,8 @@ double Trainer::step(int64_t step, bool read_loss) {
   // The loss is token-summed per microbatch and divided by the step's global token count.
   at::Tensor count = at::full({}, static_cast<double>(batch.labelled_tokens), at::kDouble);
   job_.mesh().group(KEEL_GROUP_DP).all_reduce(count, KEEL_REDUCE_SUM);
-  const double global_tokens = count.item<double>();
+  // A step of nothing but document ends has no labelled token: its loss is 0, not 0 / 0.
+  const double global_tokens = std::max(count.item<double>(), 1.0);
 
   const std::vector<at::Tensor> buffers_before = keep_buffers();
 

@@ -4,7 +4,9 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "data/token_file.hpp"
 #include "test_support.hpp"
 
 namespace keel {
@@ -72,6 +74,20 @@ TEST(HostileConfig, ATokenFileWhoseHeaderSizeWrapsExits2) {
   auto r = train(dir, std::string(kJob) + "[data]\nsource = \"tokens\"\npath = \"" + (dir / "tokens.bin") + "\"\n");
   EXPECT_EQ(r.status, 2) << r.output;
   EXPECT_HAS(r.output, "header promises 9223372036854775908 tokens");
+}
+
+TEST(HostileConfig, DocumentsAtEosOfATokenFileWithoutAnEosIdExits2) {
+  test::TempDir dir;
+  write_token_file(dir / "tokens.bin", std::vector<uint32_t>(4000, 5), 256);
+  const std::string data = "[data]\nsource = \"tokens\"\npath = \"" + (dir / "tokens.bin") + "\"\n";
+  auto r = train(dir, std::string(kJob) + data + "documents = \"eos\"\n");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_HAS(r.output, "job.toml:12: data.documents: \"eos\" needs an EOS id, and the token file ");
+  EXPECT_HAS(r.output, "rebuild it with keel-data build --tokenizer");
+  // Unset, the documents follow the file: none here, and the run trains.
+  auto unset = train(dir, std::string(kJob) + data);
+  EXPECT_EQ(unset.status, 0) << unset.output;
+  EXPECT_HAS(unset.output, "documents: not separated (the source records no EOS id)");
 }
 
 }  // namespace

@@ -1,11 +1,13 @@
 // The synthetic source, token files, the global sample stream and safetensors files.
 #include <gtest/gtest.h>
+#include <keel/keel.h>
 
 #include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "checkpoint/safetensors.hpp"
@@ -66,6 +68,52 @@ TEST(BatchStream, DataParallelRanksSplitTheGlobalStream) {
     EXPECT_TRUE(at::equal(all.labels.slice(1, 0, 15), all.tokens.slice(1, 1, 16)));  // labels are next tokens
   }
   EXPECT_EQ(whole.position(), 24u);
+}
+
+// Documents of varying length: token t of sample i is (i * 7 + t) % 10, and 3 ends a document.
+class CountingDocuments final : public TokenSource {
+ public:
+  static constexpr int64_t kEos = 3;
+  void sample(uint64_t index, int64_t length, int64_t* out) const override {
+    for (int64_t t = 0; t < length; ++t) out[t] = (static_cast<int64_t>(index) * 7 + t) % 10;
+  }
+  int64_t vocab_size() const override { return 10; }
+  std::string describe() const override { return "counting documents"; }
+  std::optional<int64_t> eos_id() const override { return kEos; }
+};
+
+TEST(BatchStream, NoLabelCrossesADocumentEnd) {
+  CountingDocuments source;
+  BatchStream stream(source, 12, 4, 2, 1, CountingDocuments::kEos);
+  for (int step = 0; step < 2; ++step) {
+    Batch batch = stream.next();
+    std::vector<int64_t> sample(13);
+    int64_t labelled = 0, eos_predicted = 0;
+    for (int64_t b = 0; b < 2; ++b) {
+      source.sample(static_cast<uint64_t>(step * 4 + 2 + b), 13, sample.data());
+      for (int64_t t = 0; t < 12; ++t) {
+        EXPECT_EQ(batch.tokens[b][t].item<int64_t>(), sample[t]);
+        // Ignored exactly where the token is an EOS: its next token starts another document.
+        const int64_t expected = sample[t] == CountingDocuments::kEos ? KEEL_IGNORE_INDEX : sample[t + 1];
+        EXPECT_EQ(batch.labels[b][t].item<int64_t>(), expected) << "step " << step << " row " << b << " t " << t;
+        labelled += expected != KEEL_IGNORE_INDEX ? 1 : 0;
+        eos_predicted += expected == CountingDocuments::kEos ? 1 : 0;
+      }
+    }
+    EXPECT_EQ(batch.labelled_tokens, labelled);
+    EXPECT_EQ(batch.labelled_tokens, batch.labels.ne(KEEL_IGNORE_INDEX).sum().item<int64_t>());
+    EXPECT_LT(labelled, 24);      // some document ends in the batch
+    EXPECT_GT(eos_predicted, 0);  // the EOS itself stays a target
+  }
+}
+
+TEST(BatchStream, WithoutADocumentEndEveryLabelCounts) {
+  CountingDocuments source;
+  BatchStream stream(source, 12, 4, 2, 1);
+  Batch batch = stream.next();
+  EXPECT_EQ(batch.labelled_tokens, 24);
+  EXPECT_TRUE(at::equal(batch.labels.slice(1, 0, 11), batch.tokens.slice(1, 1, 12)));
+  EXPECT_EQ(batch.labels.eq(KEEL_IGNORE_INDEX).sum().item<int64_t>(), 0);
 }
 
 TEST(TokenFile, RoundTripsAndSamplesWindows) {
