@@ -73,21 +73,25 @@ Part::Outputs Part::compute(const at::Tensor& tokens, const at::Tensor& labels, 
   out.loss_sum = out.main_loss_sum;
   if (mtp_.empty()) return out;
 
-  // Depth k at position i embeds token i+k and predicts token i+k+1 (labels[i+k]); positions
-  // past the sequence are ignored. tokens_ahead = t_0 .. t_S from the tokens and labels.
+  // Depth k at position i embeds token i+k and predicts token i+k+1 (labels[i+k]). The
+  // prediction is ignored past the sequence and when any of labels[i .. i+k] is: an ignored
+  // label breaks the chain of next tokens (a document ends there), so token i+k+1 is not of
+  // token i's document. The tokens embedded ahead are the real tokens t_0 .. t_S (the inputs
+  // and the last label), never a placeholder for an ignored label.
   const int64_t batch = tokens.size(0), seq = tokens.size(1);
-  at::Tensor ignored = labels.eq(KEEL_IGNORE_INDEX);
-  at::Tensor sequence = at::cat({tokens.slice(1, 0, 1), labels.masked_fill(ignored, 0)}, 1);
+  const at::Tensor ignored = labels.eq(KEEL_IGNORE_INDEX);
+  const at::Tensor last = labels.slice(1, seq - 1, seq);
+  const at::Tensor sequence = at::cat({tokens, last.masked_fill(last.eq(KEEL_IGNORE_INDEX), 0)}, 1);
+  at::Tensor chain_broken = ignored;  // depth 0: labels[i] alone
   at::Tensor previous = h;
   at::Tensor mtp_total = at::zeros({}, out.main_loss_sum.options());
   for (size_t d = 0; d < mtp_.size(); ++d) {
     const int64_t k = static_cast<int64_t>(d) + 1;
     at::Tensor ahead = at::cat({sequence.slice(1, k, seq + 1), at::zeros({batch, k - 1}, tokens.options())}, 1);
-    at::Tensor targets =
-        at::cat({labels.slice(1, k, seq), at::full({batch, k}, KEEL_IGNORE_INDEX, labels.options())}, 1);
-    // A target whose input token is itself unknown is ignored too.
-    at::Tensor input_unknown = at::cat({ignored.slice(1, k - 1, seq), at::ones({batch, k - 1}, ignored.options())}, 1);
-    targets = targets.masked_fill(input_unknown, KEEL_IGNORE_INDEX);
+    chain_broken =
+        chain_broken.logical_or(at::cat({ignored.slice(1, k, seq), at::ones({batch, k}, ignored.options())}, 1));
+    at::Tensor targets = at::cat({labels.slice(1, k, seq), at::zeros({batch, k}, labels.options())}, 1)
+                             .masked_fill(chain_broken, KEEL_IGNORE_INDEX);
     previous = mtp_[d]->forward(previous, at::embedding(*embedding_, ahead), tables);
     at::Tensor logits = at::linear(rms_norm(previous, mtp_[d]->norm(), args_.norm_eps), *output_);
     at::Tensor sum = loss_sum(logits, targets);

@@ -8,12 +8,20 @@
 //     export=hf           also the plugin's Hugging Face export of the weights ("hf.<name>") and
 //                         of the main loss's gradients ("hf_grad_main.<name>"), and its
 //                         config.json (metadata "hf_config")
+//     eos=ID              documents: the batch holds EOS id ID at fixed places (adjacent ones,
+//                         the first and the last input, the last label) and its labels are
+//                         the host's (BatchStream's, ignored after each EOS)
+// Losses are divided by the labelled count, as the host divides them; "sequence" holds the
+// batch's tokens t_0 .. t_S unmasked.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -22,6 +30,7 @@
 #include "common/error.hpp"
 #include "common/text.hpp"
 #include "config/config_tree.hpp"
+#include "data/batch_stream.hpp"
 #include "dump_support.hpp"
 #include "export_hf.hpp"
 #include "mesh/mesh.hpp"
@@ -51,6 +60,35 @@ std::string plugin_hf_export(keel::HostContext& context, const deepseek_v3::Args
   return collected.files.at("config.json");
 }
 
+// Hands out the rows of a fixed [batch, seq + 1] sequence as samples 0, 1, ...
+class FixedSource final : public keel::TokenSource {
+ public:
+  FixedSource(at::Tensor rows, int64_t vocab) : rows_(std::move(rows)), vocab_(vocab) {}
+  void sample(uint64_t index, int64_t length, int64_t* out) const override {
+    const int64_t* row = rows_[static_cast<int64_t>(index)].data_ptr<int64_t>();
+    std::copy(row, row + length, out);
+  }
+  int64_t vocab_size() const override { return vocab_; }
+  std::string describe() const override { return "fixed rows"; }
+
+ private:
+  at::Tensor rows_;
+  int64_t vocab_;
+};
+
+// Puts EOS id `eos` at fixed places of `sequence` ([batch, seq + 1]; elsewhere there is none):
+// two adjacent ones (an empty document), one early, one as the first and as the last input,
+// and one as the last label (its prediction counts; nothing of its next document is in the batch).
+void place_documents(at::Tensor& sequence, int64_t eos, int64_t vocab) {
+  const int64_t batch = sequence.size(0), seq = sequence.size(1) - 1;
+  sequence.masked_fill_(sequence.eq(eos), (eos + 1) % vocab);
+  for (int64_t b = 0; b < batch; ++b) {
+    const std::vector<int64_t> places =
+        b % 2 == 0 ? std::vector<int64_t>{3, seq / 2, seq / 2 + 1, seq} : std::vector<int64_t>{0, 5, seq - 1};
+    for (int64_t t : places) sequence[b][t] = eos;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -62,6 +100,7 @@ int main(int argc, char** argv) {
     keel::ConfigTree tree = keel::ConfigTree::from_string("[model]\nflavor = \"tiny\"\n", "dump");
     int64_t batch = 2, seq = 32;
     std::string weights, export_format;
+    int64_t eos = -1;
     for (int i = 2; i < argc; ++i) {
       std::string kv = argv[i];
       if (kv.rfind("batch=", 0) == 0)
@@ -72,6 +111,8 @@ int main(int argc, char** argv) {
         weights = kv.substr(8);
       else if (kv.rfind("export=", 0) == 0)
         export_format = kv.substr(7);
+      else if (kv.rfind("eos=", 0) == 0)
+        eos = std::stoll(kv.substr(4));
       else
         tree.set("model." + kv);
     }
@@ -96,18 +137,27 @@ int main(int argc, char** argv) {
         moe->expert_bias().copy_(at::randn({args.n_routed_experts}, gen) * 0.05);
     }
     at::Tensor sequence = at::randint(args.vocab_size, {batch, seq + 1}, gen, at::kLong);
-    at::Tensor tokens = sequence.slice(1, 0, seq).contiguous(), labels = sequence.slice(1, 1, seq + 1).contiguous();
+    if (eos >= 0) place_documents(sequence, eos, args.vocab_size);
+    FixedSource source(sequence, args.vocab_size);
+    keel::Batch from_stream =
+        keel::BatchStream(source, seq, batch, 1, 0, eos >= 0 ? std::optional(eos) : std::nullopt).next();
+    const at::Tensor &tokens = from_stream.tokens, &labels = from_stream.labels;
 
     deepseek_v3::Part::Outputs out = part.compute(tokens, labels, nullptr);
-    const double n = static_cast<double>(labels.numel());
-    std::vector<std::pair<std::string, at::Tensor>> dump = {{"tokens", tokens},
+    const double n = static_cast<double>(from_stream.labelled_tokens);
+    if (out.main_tokens.item<int64_t>() != from_stream.labelled_tokens)
+      throw std::runtime_error("the part's labelled count differs from the batch's");
+    std::vector<std::pair<std::string, at::Tensor>> dump = {{"sequence", sequence},
+                                                            {"tokens", tokens},
                                                             {"labels", labels},
+                                                            {"main_tokens", out.main_tokens},
                                                             {"logits", out.logits.detach()},
                                                             {"main_loss", out.main_loss_sum.detach() / n},
                                                             {"loss", out.loss_sum.detach() / n}};
     for (size_t k = 0; k < out.mtp_logits.size(); ++k) {
       dump.push_back({"mtp_logits." + std::to_string(k), out.mtp_logits[k].detach()});
       dump.push_back({"mtp_loss." + std::to_string(k), out.mtp_loss_sums[k].detach() / n});
+      dump.push_back({"mtp_tokens." + std::to_string(k), out.mtp_tokens[k]});
     }
     for (const auto& r : part.parameters().records())
       dump.push_back({"param." + std::string(r->fqn()), r->tensor().detach().clone()});
@@ -156,6 +206,7 @@ int main(int argc, char** argv) {
                                                {"num_mtp_layers", std::to_string(args.num_mtp_layers)},
                                                {"mtp_loss_scale", keel::format("%.17g", args.mtp_loss_scale)}};
     if (!hf_config.empty()) meta["hf_config"] = hf_config;
+    if (eos >= 0) meta["eos"] = std::to_string(eos);
     keel::write_safetensors(argv[1], dump, meta);
     std::printf("%s: %zu tensors\n", argv[1], dump.size());
     return 0;

@@ -114,29 +114,49 @@ def block(p, buffers, prefix, a, layer, x, rotation):
     return h + ffn
 
 
-def forward(p, buffers, a, tokens, labels):
-    """Returns logits, the MTP logits per depth, the main loss sum and the MTP loss sums."""
+def targets(sequence, depth, eos=None):
+    """The targets of `depth` (0: the next token) on a batch whose tokens are sequence[:, :-1].
+
+    Position i predicts token i+depth+1 of `sequence` ([batch, seq + 1]: t_0 .. t_S). The
+    prediction is ignored (-100) past the sequence and, with documents ended by `eos`, when
+    token i+depth+1 lies in another document than token i.
+    """
+    batch, seq = sequence.shape[0], sequence.shape[1] - 1
+    out = torch.full((batch, seq), -100, dtype=sequence.dtype)
+    out[:, : seq - depth] = sequence[:, depth + 1:]
+    if eos is not None:
+        # Token j's document: the number of EOS tokens before it.
+        ends = (sequence[:, :-1] == eos).long()
+        document = torch.cat([torch.zeros(batch, 1, dtype=torch.long), ends.cumsum(1)], 1)
+        other = document[:, depth + 1:] != document[:, : seq - depth]
+        out[:, : seq - depth] = out[:, : seq - depth].masked_fill(other, -100)
+    return out
+
+
+def forward(p, buffers, a, sequence, eos=None):
+    """Returns logits, the MTP logits per depth, the main loss sum and the MTP loss sums, on
+    the batch t_0 .. t_S of `sequence` (documents ended by `eos`, if given)."""
+    tokens = sequence[:, :-1]
     seq = tokens.shape[1]
     rotation = rope_frequencies(a, seq)
     h = F.embedding(tokens, p["tok_embeddings.weight"])
     for i in range(a["n_layers"]):
         h = block(p, buffers, f"layers.{i}.", a, i, h, rotation)
     logits = rms_norm(h, p["norm.weight"], a["norm_eps"]) @ p["output.weight"].T
+    labels = targets(sequence, 0, eos)
     main = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="sum", ignore_index=-100)
     mtp_logits, mtp_sums = [], []
-    full = torch.cat([tokens[:, :1], labels], 1)  # t_0 .. t_S
     previous = h
     for d in range(a["num_mtp_layers"]):
         k = d + 1
         ahead = torch.zeros_like(tokens)
-        ahead[:, : seq + 1 - k] = full[:, k:]
-        targets = torch.full_like(labels, -100)
-        targets[:, : seq - k] = labels[:, k:]
+        ahead[:, : seq + 1 - k] = sequence[:, k:]
         prefix = f"mtp.{d}."
         joined = torch.cat([rms_norm(F.embedding(ahead, p["tok_embeddings.weight"]), p[prefix + "enorm.weight"], a["norm_eps"]),
                             rms_norm(previous, p[prefix + "hnorm.weight"], a["norm_eps"])], -1)
         previous = block(p, buffers, prefix + "block.", a, a["n_layers"] + d, joined @ p[prefix + "eh_proj.weight"].T, rotation)
         out = rms_norm(previous, p[prefix + "norm.weight"], a["norm_eps"]) @ p["output.weight"].T
         mtp_logits.append(out)
-        mtp_sums.append(F.cross_entropy(out.reshape(-1, out.shape[-1]), targets.reshape(-1), reduction="sum", ignore_index=-100))
+        depth_targets = targets(sequence, k, eos)
+        mtp_sums.append(F.cross_entropy(out.reshape(-1, out.shape[-1]), depth_targets.reshape(-1), reduction="sum", ignore_index=-100))
     return logits, mtp_logits, main, mtp_sums

@@ -10,6 +10,10 @@ CASE "hf":        Hugging Face transformers' DeepseekV3ForCausalLM (sigmoid scor
 CASE "reference": the plain-PyTorch reference in deepseek_v3_reference.py, with softmax scoring
                   and two MTP depths: logits, MTP logits, every loss and every gradient of the
                   total loss (main + MTP).
+CASE "documents": the same on a batch of several documents (EOS tokens, the host's labels):
+                  the reference ignores a prediction whose target lies in another document
+                  than its position, per depth; labels, every depth's labelled count, logits,
+                  losses and gradients agree.
 Tolerance: rtol 1e-5, atol 1e-6. Prints the largest differences; exits non-zero on a miss.
 """
 import json
@@ -92,32 +96,57 @@ def run_hf(tool, work):
         failures.append(f"exported gradients without a parameter: {sorted(exported - set(hf_params))}")
 
 
-def run_reference(tool, work):
+def run_reference(tool, work, documents=False):
     settings = ["score_func=softmax", "n_expert_groups=2", "n_limited_groups=1", "route_norm=false",
                 "route_scale=1.5", "num_mtp_layers=2", "q_lora_rank=0"]
-    t, a, _ = dump(tool, work, "reference", settings)
+    eos = 7 if documents else None
+    name = "documents" if documents else "reference"
+    t, a, _ = dump(tool, work, name, settings + ([f"eos={eos}"] if documents else []))
     params = {k: v.clone().requires_grad_(True) for k, v in group(t, "param.").items()}
     buffers = group(t, "buffer.")
-    logits, mtp_logits, main, mtp_sums = reference.forward(params, buffers, a, t["tokens"], t["labels"])
-    n = t["labels"].numel()
+    sequence = t["sequence"]
+    if not torch.equal(t["tokens"], sequence[:, :-1]):
+        failures.append("tokens are not the sequence's inputs")
+    logits, mtp_logits, main, mtp_sums = reference.forward(params, buffers, a, sequence, eos)
+    labelled = [(reference.targets(sequence, k, eos) != -100).sum().item() for k in range(len(mtp_sums) + 1)]
+    n = labelled[0]
     total = (main + a["mtp_loss_scale"] / len(mtp_sums) * sum(mtp_sums)) / n
     total.backward()
+    if not torch.equal(t["labels"], reference.targets(sequence, 0, eos)):
+        failures.append("labels: the host's masking differs from the reference's")
+    if t["main_tokens"].item() != n:
+        failures.append(f"labelled count: {t['main_tokens'].item()} vs the reference's {n}")
     compare("logits", t["logits"], logits.detach())
     compare("loss main", t["main_loss"], main.detach() / n)
     compare("loss total", t["loss"], total.detach())
     for k, (lg, s) in enumerate(zip(mtp_logits, mtp_sums)):
-        compare(f"mtp_logits {k}", t[f"mtp_logits.{k}"], lg.detach())
+        ours, theirs = t[f"mtp_logits.{k}"], lg.detach()
+        if documents:
+            # When the last input is an EOS its label is ignored, and the token after the batch
+            # is not given to the model: where that token is embedded (depth k, positions
+            # seq - k on), every target is ignored, so the logits there are not compared.
+            kept = reference.targets(sequence, k + 1, eos) != -100
+            ours, theirs = ours[kept], theirs[kept]
+        compare(f"mtp_logits {k}", ours, theirs)
         compare(f"loss mtp.{k}", t[f"mtp_loss.{k}"], s.detach() / n)
+        if t[f"mtp_tokens.{k}"].item() != labelled[k + 1]:
+            failures.append(f"mtp.{k} labelled count: {t[f'mtp_tokens.{k}'].item()} vs the reference's {labelled[k + 1]}")
     for fqn, p in params.items():
         compare("grad " + fqn, t["grad_total." + fqn], p.grad)
     if len(mtp_logits) != 2:
         failures.append(f"expected 2 MTP depths, got {len(mtp_logits)}")
+    batch, seq = t["tokens"].shape
+    past_the_end = [batch * k for k in range(len(labelled))]
+    if documents and not all(labelled[k] < batch * seq - past_the_end[k] for k in range(len(labelled))):
+        failures.append(f"the batch crosses no document end at some depth: labelled {labelled}")
+    print(f"{name}: labelled positions per depth {labelled} of {batch * seq}")
 
 
 def main():
     tool, work, case = sys.argv[1:4]
     os.makedirs(work, exist_ok=True)
-    {"hf": run_hf, "reference": run_reference}[case](tool, work)
+    {"hf": run_hf, "reference": run_reference,
+     "documents": lambda tool, work: run_reference(tool, work, documents=True)}[case](tool, work)
     for kind, value in sorted(worst.items()):
         print(f"{case}: largest |diff| of {kind}: {value:.3e}")
     if failures:
