@@ -109,6 +109,43 @@ TEST(Training, TrainsFromAMemoryMappedTokenFile) {
   EXPECT_LT(run.losses.back(), run.losses.front() - 1.0);
 }
 
+// Documents of four tokens a, 64 + a, 128 + a, EOS (255), `a` drawn from 64 values: within a
+// document every next token follows from the previous one, and the start of the next document
+// is unpredictable (ln 64 nats).
+std::string write_documents(const test::TempDir& dir) {
+  std::vector<uint32_t> tokens;
+  uint64_t state = 3;
+  const uint64_t documents = 5000;
+  for (uint64_t d = 0; d < documents; ++d) {
+    const auto a = static_cast<uint32_t>(splitmix64(state) % 64);
+    tokens.insert(tokens.end(), {a, 64 + a, 128 + a, 255});
+  }
+  write_token_file(dir / "documents.tok", tokens, 256, 255, documents);
+  return dir / "documents.tok";
+}
+
+TEST(Training, DocumentEndsAreNotPredictedWithDocumentsAtEos) {
+  test::TempDir dir;
+  const std::string data = "data.path=\"" + write_documents(dir) + "\"";
+  // Across document ends a quarter of the labels are unpredictable: the loss cannot go below
+  // ln(64) / 4 = 1.04. Without them (the file's EOS id is the default) it goes towards 0.
+  TrainedRun masked = train({"data.source=\"tokens\"", data}, 60);
+  TrainedRun whole = train({"data.source=\"tokens\"", data, "data.documents=\"none\""}, 60);
+  EXPECT_LT(masked.losses.back(), 0.5) << "start " << masked.losses.front();
+  EXPECT_GT(whole.losses.back(), 0.9) << "start " << whole.losses.front();
+
+  test::write_file(dir / "job.toml", kJob);
+  auto set = [](const std::string& key, const std::string& text) { return " --set " + key + "=\\\"" + text + "\\\""; };
+  auto r = test::run_command(test::bin_dir() + "/keel-train --plugin-path " + test::plugin_dir() + " --config " +
+                             (dir / "job.toml") + set("job.run_dir", dir / "run") + set("data.source", "tokens") +
+                             set("data.path", dir / "documents.tok") +
+                             " --set training.steps=1 --set lr_scheduler.warmup_steps=0");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("documents: no label crosses a document end (labels after EOS id 255 are ignored)"),
+            std::string::npos)
+      << r.output;
+}
+
 }  // namespace
 }  // namespace keel
 
