@@ -72,8 +72,13 @@ HfCheckpoint::HfCheckpoint(const std::string& dir) : dir_(dir) {
   }
   for (const std::string& file : files) {
     const fs::path path = root / file;
-    if (!fs::is_regular_file(path, ec))
-      throw InputError(cat(path.string(), ": missing shard (", index_path.filename().string(), " names it)"));
+    if (!fs::is_regular_file(path, ec)) {
+      std::string first;  // a tensor the index places in it, to say what is lost
+      for (const auto& [name, shard] : listed)
+        if (shard == file && first.empty()) first = name;
+      throw InputError(cat(path.string(), ": missing shard (", index_path.filename().string(), " places '", first,
+                           "' and others there)"));
+    }
     shards_.push_back(std::make_unique<MappedSafetensors>(path.string()));
     const size_t shard = shards_.size() - 1;
     for (const std::string& name : shards_.back()->keys()) {

@@ -56,7 +56,7 @@ const char* kind_of(const nlohmann::json& v) {
 
 ImportSourceAdapter::ImportSourceAdapter(HfCheckpoint& checkpoint, HostContext& context)
     : checkpoint_(checkpoint), context_(&context) {
-  raw_ = {sizeof(keel_import_source), this, &config_get, &has_tensor, &read_tensor};
+  raw_ = {sizeof(keel_import_source), this, &config_get, &has_tensor, &read_tensor, &origin};
 }
 
 keel_status ImportSourceAdapter::refuse(const std::string& why) {
@@ -130,6 +130,13 @@ keel_status ImportSourceAdapter::read_tensor(void* context, const char* name, co
   }
   *out = handle(self.handed_.back());
   return KEEL_OK;
+}
+
+const char* ImportSourceAdapter::origin(void* context, const char* name) {
+  auto& self = *static_cast<ImportSourceAdapter*>(context);
+  if (name == nullptr || !self.checkpoint_.has(name)) return nullptr;
+  self.strings_.push_back(self.checkpoint_.file_of(name));
+  return self.strings_.back().c_str();
 }
 
 }  // namespace keel

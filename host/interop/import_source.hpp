@@ -32,6 +32,7 @@ class ImportSourceAdapter {
   static keel_status config_get(void* self, const char* path, int32_t type, void* out, int32_t* found);
   static int32_t has_tensor(void* self, const char* name);
   static keel_status read_tensor(void* self, const char* name, const keel_tensor** out);
+  static const char* origin(void* self, const char* name);
   keel_status refuse(const std::string& why);
 
   HfCheckpoint& checkpoint_;

@@ -3,6 +3,7 @@
 // plugin derives its config table from config.json and maps every tensor; the host reads the
 // folder (validated up front), checks what the plugin produces against the model's own
 // parameters and writes each tensor as it comes, so memory holds about one tensor at a time.
+#include <malloc.h>
 #include <sys/resource.h>
 
 #include <keel/config_keys.hpp>
@@ -80,12 +81,11 @@ Choice choose_model(PluginRegistry& registry, const std::string& plugin, const s
     }
     const std::vector<const keel_component*> models = importing_models(*loaded, component);
     if (models.empty()) {
-      const std::string why = cat("plugin ", loaded->descriptor->plugin_name, " has no model",
-                                  component.empty() ? "" : cat(" '", component, "'"),
-                                  " that imports (a model with the import extension of SDK 1.4)");
-      if (!plugin.empty()) throw InputError(why);
-      refusals.push_back(why);
-      continue;
+      // Searching, a plugin without an importing model (a clipper) is no candidate.
+      if (plugin.empty()) continue;
+      throw InputError(cat("plugin ", loaded->descriptor->plugin_name, " has no model",
+                           component.empty() ? "" : cat(" '", component, "'"),
+                           " that imports (a model with the import extension of SDK 1.4)"));
     }
     for (const keel_component* model : models) {
       try {
@@ -99,7 +99,9 @@ Choice choose_model(PluginRegistry& registry, const std::string& plugin, const s
   if (accepted.size() == 1) return accepted.front();
   if (accepted.empty())
     throw InputError(cat("no model plugin imports ", hf.dir(), ":\n  ",
-                         refusals.empty() ? std::string("no plugins on the search path") : join(refusals, "\n  ")));
+                         refusals.empty() ? cat("no plugin on the search path (", join(registry.search_path(), ", "),
+                                                ") has a model that imports")
+                                          : join(refusals, "\n  ")));
   std::vector<std::string> names;
   for (const Choice& c : accepted)
     names.push_back(cat(c.plugin->descriptor->plugin_name, " (model ", c.component->name, ")"));
@@ -129,6 +131,11 @@ std::string component_assignment(const std::string& set, const std::string& comp
 }  // namespace
 
 int import_hf(const ImportOptions& options) {
+  // Each tensor is a large, short-lived allocation. glibc's threshold for serving those by mmap
+  // grows with every one freed, after which they come from the heap, which then keeps what
+  // it grew to: peak RSS would grow with the model. A fixed threshold returns each to the
+  // system when freed, so memory holds about one tensor at a time.
+  ::mallopt(M_MMAP_THRESHOLD, 128 * 1024);
   const auto started = std::chrono::steady_clock::now();
   HfCheckpoint hf(options.hf_dir);
   log_info(

@@ -39,6 +39,11 @@ class ImportSource {
     std::optional<const char*> v = get<const char*>(path, KEEL_CONFIG_STRING);
     return v && *v != nullptr ? std::optional<std::string>(*v) : std::nullopt;
   }
+  /// "'name' (in FILE)" for messages: the tensor and where the source stores it.
+  std::string where(const std::string& name) const {
+    const char* file = source_->origin(source_->context, name.c_str());
+    return "'" + name + "'" + (file != nullptr ? std::string(" (in ") + file + ")" : std::string());
+  }
   /// Whether the source holds tensor `name`.
   bool has(const std::string& name) const { return source_->has_tensor(source_->context, name.c_str()) != 0; }
   /// The tensor `name` as stored (CPU, read-only); throws, naming it, when absent.
@@ -104,12 +109,14 @@ inline at::Tensor import_weight(const ImportSource& source, const std::string& n
                                 int64_t block = 128) {
   const at::Tensor& stored = source.tensor(name);
   if (stored.sizes() != shape)
-    throw Error(KEEL_ERROR_INVALID_ARGUMENT, "import: '" + name + "' has shape " + shape_text(stored.sizes()) +
-                                                 ", the config gives " + shape_text(shape));
+    throw Error(KEEL_ERROR_INVALID_ARGUMENT, "import: " + source.where(name) + " has shape " +
+                                                 shape_text(stored.sizes()) + ", the config gives " +
+                                                 shape_text(shape));
   if (stored.scalar_type() != at::kFloat8_e4m3fn) {
     if (!at::isFloatingType(stored.scalar_type()))
-      throw Error(KEEL_ERROR_INVALID_ARGUMENT,
-                  "import: '" + name + "' is " + c10::toString(stored.scalar_type()) + ", not a floating-point tensor");
+      throw Error(KEEL_ERROR_INVALID_ARGUMENT, "import: " + source.where(name) + " is " +
+                                                   c10::toString(stored.scalar_type()) +
+                                                   ", not a floating-point tensor");
     return stored.to(at::kFloat);
   }
   if (stored.dim() != 2)

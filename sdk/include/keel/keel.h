@@ -607,9 +607,12 @@ typedef struct keel_import_source {
    * import call returns), or KEEL_ERROR_INVALID_ARGUMENT naming it when absent. A tensor the
    * source holds that is never read fails the import (an unknown tensor name). */
   keel_status (*read_tensor)(void* context, const char* name, const keel_tensor** out);
+  /* Where tensor `name` is stored (a file name, for messages; valid until the import call
+   * returns), or NULL when absent. */
+  const char* (*origin)(void* context, const char* name);
 } keel_import_source;
 
-#define KEEL_IMPORT_SOURCE_SIZE_1_4 KEEL_STRUCT_SIZE(keel_import_source, read_tensor)
+#define KEEL_IMPORT_SOURCE_SIZE_1_4 KEEL_STRUCT_SIZE(keel_import_source, origin)
 
 /* Where import_config writes the component's config table: one call per key. */
 typedef struct keel_config_sink {
