@@ -54,16 +54,40 @@ void check_state(const keel::Host& host, const Args& args, const std::map<std::s
 
 }  // namespace
 
-std::string hf_name(const std::string& fqn) {
+std::optional<HfPlace> hf_place(const Args& args, const std::string& fqn) {
+  static const std::regex layer("layers\\.(\\d+)\\.(.+)"), mtp("mtp\\.(\\d+)\\.(.+)");
+  std::smatch m;
+  if (std::regex_match(fqn, m, layer)) return HfPlace{"model.layers." + m[1].str() + ".", m[2].str()};
+  if (!std::regex_match(fqn, m, mtp)) return std::nullopt;
+  const std::string within = m[2].str();
+  const std::string prefix = "model.layers." + std::to_string(args.n_layers + std::stoll(m[1].str())) + ".";
+  return HfPlace{prefix, within.starts_with("block.") ? within.substr(6) : within};
+}
+
+std::string hf_name(const Args& args, const std::string& fqn) {
   static const std::map<std::string, std::string> top = {{"tok_embeddings.weight", "model.embed_tokens.weight"},
                                                          {"norm.weight", "model.norm.weight"},
                                                          {"output.weight", "lm_head.weight"}};
+  // An MTP module's own tensors, named as in the release's layer n_layers + k.
+  static const std::map<std::string, std::string> mtp = {{"enorm.weight", "enorm.weight"},
+                                                         {"hnorm.weight", "hnorm.weight"},
+                                                         {"eh_proj.weight", "eh_proj.weight"},
+                                                         {"norm.weight", "shared_head.norm.weight"}};
   if (auto it = top.find(fqn); it != top.end()) return it->second;
-  static const std::regex layer("layers\\.(\\d+)\\.(.+)");
-  std::smatch m;
-  if (!std::regex_match(fqn, m, layer)) return "";
-  auto it = block_names().find(m[2].str());
-  return it == block_names().end() ? "" : "model.layers." + m[1].str() + "." + it->second;
+  std::optional<HfPlace> place = hf_place(args, fqn);
+  if (!place) return "";
+  const bool mtp_own = fqn.starts_with("mtp.") && fqn.find(".block.") == std::string::npos;
+  const auto& names = mtp_own ? mtp : block_names();
+  auto it = names.find(place->within);
+  return it == names.end() ? "" : place->layer + it->second;
+}
+
+std::string hf_mtp_embedding(const Args& args, int64_t k) {
+  return "model.layers." + std::to_string(args.n_layers + k) + ".embed_tokens.weight";
+}
+
+std::string hf_mtp_head(const Args& args, int64_t k) {
+  return "model.layers." + std::to_string(args.n_layers + k) + ".shared_head.head.weight";
 }
 
 std::string hf_config_json(const Args& a, at::ScalarType dtype) {
@@ -110,8 +134,8 @@ std::string hf_config_json(const Args& a, at::ScalarType dtype) {
       {"attention_bias", false},
       {"attention_dropout", 0.0},
       {"tie_word_embeddings", false},
-      // The MTP modules are not part of the export (see export_hf).
-      {"num_nextn_predict_layers", 0},
+      // The MTP modules follow the main layers, as in the release.
+      {"num_nextn_predict_layers", a.num_mtp_layers},
       {"dtype", type},
       {"torch_dtype", type},
   };
@@ -126,29 +150,25 @@ void export_hf(const keel::Host& host, const Args& args, const std::map<std::str
                       "export hf: score_func \"" + args.score_func +
                           "\" has no DeepseekV3ForCausalLM equivalent (it scores with sigmoid)");
   check_state(host, args, state);
-  size_t mtp_tensors = 0;
   for (const auto& [fqn, tensor] : state) {
-    // DeepseekV3ForCausalLM has no MTP module (transformers keeps MTP apart, for speculative
-    // decoding): the MTP depths are training aids here and are left out.
-    if (fqn.rfind("mtp.", 0) == 0) {
-      ++mtp_tensors;
-      continue;
-    }
     if (fqn.ends_with(kFusedSecond)) continue;  // fused with its w1
     if (fqn.ends_with(kFusedFirst)) {
       const std::string block = fqn.substr(0, fqn.size() - kFusedFirst.size());
       // [experts, 2 * moe_hidden, dim]: gate rows first, then up rows.
-      sink.tensor("model." + block + "mlp.experts.gate_up_proj", at::cat({tensor, state.at(block + kFusedSecond)}, 1));
+      sink.tensor(hf_place(args, fqn)->layer + "mlp.experts.gate_up_proj",
+                  at::cat({tensor, state.at(block + kFusedSecond)}, 1));
       continue;
     }
-    std::string name = hf_name(fqn);
+    std::string name = hf_name(args, fqn);
     if (name.empty()) throw keel::Error(KEEL_ERROR_INTERNAL, "export hf: no transformers name for '" + fqn + "'");
     sink.tensor(name, tensor);
   }
+  // The release stores the shared embedding and head again in each MTP layer.
+  for (int64_t k = 0; k < args.num_mtp_layers; ++k) {
+    sink.tensor(hf_mtp_embedding(args, k), state.at("tok_embeddings.weight"));
+    sink.tensor(hf_mtp_head(args, k), state.at("output.weight"));
+  }
   sink.file("config.json", hf_config_json(args, state.at("tok_embeddings.weight").scalar_type()));
-  if (mtp_tensors > 0)
-    host.info("export hf: " + std::to_string(mtp_tensors) + " MTP tensor(s) of " + std::to_string(args.num_mtp_layers) +
-              " depth(s) left out: DeepseekV3ForCausalLM has no MTP module");
 }
 
 }  // namespace deepseek_v3

@@ -133,7 +133,9 @@ TEST_F(PluginExport, TiedLlamaExportsNoLmHeadAndSaysSo) {
             false);
 }
 
-TEST_F(PluginExport, DeepSeekFusesExpertsAndLeavesOutMtp) {
+// The MTP depth is written as the DeepSeek-V3 release stores it: the extra layer n_layers (3 in
+// the tiny flavor) with its own norms and projection and copies of the embedding and head.
+TEST_F(PluginExport, DeepSeekFusesExpertsAndWritesMtpAsTheRelease) {
   Model& model = make("deepseek_v3_mtp", "flavor = \"tiny\"");
   State state = seeded_state(model);
   ModelExport e = model.export_state("hf", state);
@@ -148,10 +150,25 @@ TEST_F(PluginExport, DeepSeekFusesExpertsAndLeavesOutMtp) {
   EXPECT_EQ(fused.sizes().vec(), (std::vector<int64_t>{8, 64, 64}));
   EXPECT_EQ(names.count("model.layers.2.mlp.gate.e_score_correction_bias"), 1u);
   EXPECT_EQ(names.count("model.layers.0.mlp.gate_proj.weight"), 1u);
+  for (const auto& [theirs, ours] : std::vector<std::pair<std::string, std::string>>{
+           {"model.layers.3.enorm.weight", "mtp.0.enorm.weight"},
+           {"model.layers.3.hnorm.weight", "mtp.0.hnorm.weight"},
+           {"model.layers.3.eh_proj.weight", "mtp.0.eh_proj.weight"},
+           {"model.layers.3.shared_head.norm.weight", "mtp.0.norm.weight"},
+           {"model.layers.3.self_attn.kv_b_proj.weight", "mtp.0.block.attention.wkv_b.weight"},
+           {"model.layers.3.mlp.gate.e_score_correction_bias", "mtp.0.block.moe.expert_bias"},
+           {"model.layers.3.embed_tokens.weight", "tok_embeddings.weight"},
+           {"model.layers.3.shared_head.head.weight", "output.weight"}})
+    EXPECT_TRUE(at::equal(named(e, theirs), named(state, ours))) << theirs;
+  EXPECT_TRUE(
+      at::equal(named(e, "model.layers.3.mlp.experts.gate_up_proj"),
+                at::cat({named(state, "mtp.0.block.moe.experts.w1"), named(state, "mtp.0.block.moe.experts.w3")}, 1)));
+  EXPECT_EQ(names.count("model.layers.4.enorm.weight"), 0u);
   auto config = nlohmann::json::parse(e.files.at("config.json"));
   EXPECT_EQ(config["model_type"], "deepseek_v3");
   EXPECT_EQ(config["rope_parameters"]["rope_type"], "yarn");
-  EXPECT_EQ(config["num_nextn_predict_layers"], 0);
+  EXPECT_EQ(config["num_hidden_layers"], 3);
+  EXPECT_EQ(config["num_nextn_predict_layers"], 1);
 }
 
 TEST_F(PluginExport, DeepSeekWithSoftmaxScoresIsRefused) {
