@@ -14,6 +14,7 @@
 
 #include "args.hpp"
 #include "export_hf.hpp"
+#include "import_hf.hpp"
 #include "part.hpp"
 
 namespace {
@@ -21,6 +22,7 @@ namespace {
 class DeepSeekV3 {
  public:
   static constexpr const char* export_formats = "hf";
+  static constexpr const char* import_formats = "hf";
   static std::vector<keel::ConfigKey> config_keys() { return deepseek_v3::config_keys(); }
 
   DeepSeekV3(keel::Host host, keel::Config& config)
@@ -80,6 +82,17 @@ class DeepSeekV3 {
     deepseek_v3::export_hf(host_, args_, state, sink);
   }
 
+  static void import_config(keel::Host host, const std::string& format, const keel::ImportSource& source,
+                            keel::ImportedConfig& out) {
+    if (format != "hf") throw keel::unsupported_format("deepseek_v3_mtp", format, "hf");
+    deepseek_v3::import_hf_config(host, source, out);
+  }
+
+  void import_state(const std::string& format, const keel::ImportSource& source, keel::ExportSink& sink) {
+    if (format != "hf") throw keel::unsupported_format("deepseek_v3_mtp", format, "hf");
+    deepseek_v3::import_hf(host_, args_, source, sink);
+  }
+
  private:
   keel::Host host_;
   deepseek_v3::Args args_;
@@ -90,7 +103,7 @@ class DeepSeekV3 {
 
 }  // namespace
 
-KEEL_PLUGIN("deepseek_v3_mtp", "1.3.0",
+KEEL_PLUGIN("deepseek_v3_mtp", "1.4.0",
             keel::model_component<DeepSeekV3>("deepseek_v3_mtp",
                                               "DeepSeek-V3: MLA, DeepSeekMoE with aux-loss-free balancing, "
                                               "multi-token prediction",
