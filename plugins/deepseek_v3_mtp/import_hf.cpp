@@ -119,8 +119,17 @@ void check_mtp_copies(const Args& args, const keel::ImportSource& source) {
     for (const auto& [copy, main] : {std::pair{hf_mtp_embedding(args, k), std::string("model.embed_tokens.weight")},
                                      std::pair{hf_mtp_head(args, k), std::string("lm_head.weight")}}) {
       if (!source.has(copy)) continue;
-      const at::Tensor main_value = keel::import_weight(source, main, {args.vocab_size, args.dim});
-      if (!at::equal(keel::import_weight(source, copy, {args.vocab_size, args.dim}), main_value))
+      // Compared as stored when both are stored alike (no fp32 copies of two vocab-sized tables);
+      // otherwise in fp32, which also refuses a misshapen one naming it.
+      const std::vector<int64_t> shape = {args.vocab_size, args.dim};
+      const at::Tensor &stored_copy = source.tensor(copy), &stored_main = source.tensor(main);
+      const bool alike = stored_copy.scalar_type() == stored_main.scalar_type() &&
+                         stored_copy.scalar_type() != at::kFloat8_e4m3fn && stored_copy.sizes() == shape &&
+                         stored_main.sizes() == shape;
+      const bool same =
+          alike ? at::equal(stored_copy, stored_main)
+                : at::equal(keel::import_weight(source, copy, shape), keel::import_weight(source, main, shape));
+      if (!same)
         throw keel::Error(KEEL_ERROR_INVALID_ARGUMENT, "import: '" + copy + "' differs from '" + main +
                                                            "'; Keel's MTP modules share the main embedding and head");
     }
