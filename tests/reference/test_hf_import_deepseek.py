@@ -16,7 +16,9 @@ release       A synthetic folder in the DeepSeek-V3 release's layout (README_WEI
 bad_input     A missing shard, a shape that disagrees with config.json, an unknown tensor, a
               truncated shard, a missing weight_scale_inv, MTP copies that differ, fewer MTP
               layers than config.json declares and config.json values Keel cannot represent:
-              each exits 2 naming the file, tensor or field, and OUT is not created.
+              each exits 2 naming the file, tensor or field, and OUT is not created. Variants
+              Keel does represent (softmax scores with greedy routing, plain RoPE) import with
+              the keys they set.
 Prints the round trip's largest |diff|, the FP8 dequantization error and the import's MB/s and
 peak RSS.
 """
@@ -361,7 +363,7 @@ def bad_input_case(keel, work):
         with open(os.path.join(folder, "config.json")) as f:
             config = json.load(f)
         for key, value in changes.items():
-            if isinstance(value, dict):
+            if isinstance(value, dict) and config.get(key) is not None:
                 config[key] = {**config.get(key, {}), **value}
             else:
                 config[key] = value
@@ -416,6 +418,20 @@ def bad_input_case(keel, work):
          ["quantization_config.weight_block_size"]),
         ("rope_type", lambda f: edit_config(f, rope_scaling={"type": "dynamic"}), ["rope_scaling.type"]),
     ]
+    # Accepted variants: the keys they set.
+    accepted = [
+        ("softmax_greedy", lambda f: edit_config(f, scoring_func="softmax", topk_method="greedy", topk_group=2),
+         ['score_func="softmax"', "n_expert_groups=2", "n_limited_groups=2"]),
+        ("plain_rope", lambda f: edit_config(f, rope_scaling=None, rope_theta=50000.0),
+         ["rope_theta=50000.0", "rope_factor=1.0", "original_seq_len=64"]),
+    ]
+    for name, edit, keys in accepted:
+        out = os.path.join(work, name + "_out")
+        keel.import_hf(variant(name, edit), out)
+        model_keys = keel.model_keys(out)
+        for key in keys:
+            check(f"{name}: model.toml lacks {key}: {model_keys}", key in model_keys)
+    cases.append(("q_lora_rank_null", lambda f: edit_config(f, q_lora_rank=None), ["q_lora_rank"]))
     for name, edit, named in cases:
         folder = variant(name, edit)
         out = os.path.join(work, name + "_out")
