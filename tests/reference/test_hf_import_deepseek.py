@@ -1,18 +1,21 @@
 """Hugging Face import of DeepSeek-V3 (`keel-ckpt import --hf`), fp32.
 
-  test_hf_import_deepseek.py CASE KEEL_BIN_DIR DUMP_TOOL WORK_DIR
+  test_hf_import_deepseek.py CASE KEEL_BIN_DIR DUMP_TOOL WORK_DIR SOURCE_DIR
 
 transformers  A small random DeepseekV3ForCausalLM (YaRN rope_parameters, a random expert bias)
               saved sharded by transformers imports; Keel's logits on the imported weights
               (DUMP_TOOL) equal transformers' (rtol 1e-5, atol 1e-6). Its export --hf (fused
-              experts) imports back to the same checkpoint bit for bit.
+              experts) imports back to the same checkpoint bit for bit. The imported
+              checkpoint starts a run on one rank and under PP2 DP2 EP2 (tools/keel-launch,
+              replicas checked every step) with the same first-step loss.
 release       A synthetic folder in the DeepSeek-V3 release's layout (README_WEIGHTS.md and
               inference/convert.py of deepseek-ai/DeepSeek-V3): one tensor per expert,
               float8_e4m3fn weights with weight_scale_inv 128x128 block scales (dims not
               multiples of 128, so edge blocks are cut), rope_theta + rope_scaling, and the MTP
               module as the extra layer model.layers.<n_layers>. The imported weights equal the
               dequantization computed here exactly; Keel's export --hf -> import round trip keeps
-              the checkpoint bit for bit, and its MTP logits with it.
+              the checkpoint bit for bit, and its MTP logits with it; it starts PP2 DP2 EP2
+              as the transformers case does.
 bad_input     A missing shard, a shape that disagrees with config.json, an unknown tensor, a
               truncated shard, a missing weight_scale_inv, MTP copies that differ, fewer MTP
               layers than config.json declares and config.json values Keel cannot represent:
@@ -37,6 +40,7 @@ BLOCK = 128
 COMPONENT = "deepseek_v3_mtp"
 torch.set_num_threads(1)
 failures = []
+SOURCE_DIR = ""  # the repository: configs/ and tools/keel-launch
 
 
 def run(command, expect=0):
@@ -88,6 +92,42 @@ class Keel:
         self.import_hf(hf_dir, again)
         print(run([self.ckpt, "diff", out, again]).strip().splitlines()[-1])
         return hf_dir, again
+
+
+# One step's loss on one rank and on PP2 DP2 EP2: the same sums in another order. A mean over
+# ~1e3 fp32 terms and a few two-way all-reduces: a relative error of a few 1e-7 (fp32's eps
+# times the reductions' depth); 1e-5 keeps room without hiding a misplaced weight, which moves
+# the loss by 1e-3 or more.
+LOSS_RTOL = 1e-5
+
+
+def first_loss(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        for line in f:
+            record = json.loads(line)
+            if record.get("step") == 1:
+                return record["loss"]
+    sys.exit(f"{run_dir}/metrics.jsonl has no step 1")
+
+
+def layouts_agree(keel, out, name):
+    """The imported checkpoint starts a run on one rank and under PP2 DP2 EP2 with one first-step loss."""
+    bin_dir = os.path.dirname(keel.ckpt)
+    train = [os.path.join(bin_dir, "keel-train"), "--config", os.path.join(SOURCE_DIR, "configs", "deepseek_v3_debug.toml"),
+             "--set", "training.steps=1", "--set", "training.seq_len=16", "--set", "training.global_batch=4",
+             "--set", "lr_scheduler.warmup_steps=0", "--set", "metrics.log_interval=1",
+             "--set", f"checkpoint.load={os.path.join(out, 'step-0')}", "--set", "checkpoint.load_model_only=true",
+             "--set", "checkpoint.save_final=false", "--set", "debug.replica_check_interval=1",
+             *[arg for key in keel.model_keys(out) for arg in ("--set", f"model.{COMPONENT}.{key}")]]
+    single, mesh = os.path.join(keel.work, name + "_run1"), os.path.join(keel.work, name + "_run4")
+    run(train + ["--set", f'job.run_dir="{single}"'])
+    run([os.path.join(SOURCE_DIR, "tools", "keel-launch"), "--nproc", "4", "--", *train,
+         "--set", f'job.run_dir="{mesh}"', "--set", "parallelism.pp=2", "--set", "parallelism.dp=2",
+         "--set", "parallelism.ep=2"])
+    one, four = first_loss(single), first_loss(mesh)
+    print(f"{name}: first-step loss from the import: 1 rank {one:.9f}, PP2 DP2 EP2 {four:.9f}")
+    check(f"{name}: first-step loss 1 rank {one} vs PP2 DP2 EP2 {four}: beyond rtol {LOSS_RTOL}",
+          abs(one - four) <= LOSS_RTOL * abs(one))
 
 
 def check(what, ok):
@@ -157,6 +197,7 @@ def transformers_case(keel, work):
     diff = max(max_diff(first[k], second[k]) for k in first)
     print(f"transformers: export --hf -> import round trip, largest |diff| over {len(first)} tensors {diff:.3e}")
     check(f"round trip changed the weights (max |diff| {diff:.3e})", diff == 0)
+    layouts_agree(keel, out, "transformers")
 
 
 # ------------------------------------------------------------------ release layout
@@ -332,6 +373,7 @@ def release_case(keel, work):
         diff = max_diff(ours[name], theirs[name])
         print(f"release: export --hf -> import round trip, {name} largest |diff| {diff:.3e}")
         check(f"{name} changed over the round trip ({diff:.3e})", torch.equal(ours[name], theirs[name]))
+    layouts_agree(keel, out, "release")
 
 
 # ------------------------------------------------------------------ bad input
@@ -446,7 +488,8 @@ def bad_input_case(keel, work):
 
 
 def main():
-    case, bin_dir, dump_tool, work = sys.argv[1:5]
+    global SOURCE_DIR
+    case, bin_dir, dump_tool, work, SOURCE_DIR = sys.argv[1:6]
     work = os.path.join(work, case)
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
