@@ -178,6 +178,8 @@ def main():
         "lone surrogate": (["--input", write("surrogate.jsonl", '{"text": "a"}\n{"text": "x\\ud800y"}\n')],
                            "surrogate.jsonl:2: field 'text' holds '\\ud800', not Unicode text"),
         "not an object": (["--input", write("array.jsonl", '["text"]\n')], "array.jsonl:1: an array"),
+        "JSON nested too deeply": (["--input", write("deep.jsonl", '{"text": "a"}\n' + "[" * 100000 + "\n")],
+                                   "deep.jsonl:2: "),
         "not UTF-8 text": (["--input", path("latin1.txt")], "latin1.txt:2: not UTF-8"),
         "not UTF-8 paragraphs": (["--text-split", "paragraph", "--input", path("latin1.txt")],
                                  "latin1.txt:2: not UTF-8"),
@@ -200,6 +202,7 @@ def main():
             args = ["--tokenizer", tokenizer_json] + args
         r = build(*args, "--output", out)
         check(r.returncode == 2 and why in r.stdout, f"{name}: exit {r.returncode}, expected 2 with {why!r}: {r.stdout}")
+        check("Traceback" not in r.stdout, f"{name}: the refusal is a Python traceback: {r.stdout[-2000:]}")
         check("kept.tok not written" in r.stdout, f"{name}: the refusal does not say the output was not written")
         with open(out) as f:
             check(f.read() == "previous", f"{name}: the existing output was replaced")

@@ -15,7 +15,9 @@ Output (little-endian), a stream of records after one header:
   'B'      u32 documents n, u32 token count of each, then every document's ids as u32
   'P'      u64 input bytes consumed so far (all files)
   'Z'      u64 documents in all: the input was read to its end
-Bad input: one line on stderr naming the file (and line), exit status 2, no 'Z'.
+Bad input: one line on stderr naming the file (and line), exit status 2, no 'Z'. Whatever goes wrong
+reading or parsing one line (a JSON value nested too deeply for the parser, say) is bad input at
+that line; any other failure is the tool's own: a traceback and exit status 1.
 """
 import argparse
 import json
@@ -90,32 +92,58 @@ def resolve_eos(tokenizer, tokenizer_path, requested):
                    f"{', '.join(COMMON_EOS)}); name one with --eos TOKEN")
 
 
-def jsonl_documents(path, field):
-    """Yields (text, bytes consumed in this file) for each line of a JSONL file."""
+def numbered_lines(path):
+    """Yields ("FILE:LINE", the line's bytes) for each line of a file; a failed read is bad input there."""
     with open(path, "rb") as f:
-        for number, raw in enumerate(f, start=1):
-            where = f"{path}:{number}"
-            if not raw.strip():
-                yield None, len(raw)
-                continue
+        number = 0
+        while True:
+            number += 1
             try:
-                record = json.loads(raw)
-            except UnicodeDecodeError as e:
-                raise BadInput(f"{where}: not UTF-8 ({e.reason} at byte {e.start} of the line)")
-            except ValueError as e:
-                raise BadInput(f"{where}: not a JSON value: {e}")
-            if not isinstance(record, dict):
-                raise BadInput(f"{where}: {json_kind(record)}, not a JSON object with a {field!r} string")
-            if field not in record:
-                raise BadInput(f"{where}: no field {field!r}")
-            text = record[field]
-            if not isinstance(text, str):
-                raise BadInput(f"{where}: field {field!r} is {json_kind(text)}, not a string")
-            try:  # a JSON escape can make a lone surrogate, which no tokenizer encodes
-                text.encode("utf-8")
-            except UnicodeEncodeError as e:
-                raise BadInput(f"{where}: field {field!r} holds {e.object[e.start]!r}, not Unicode text ({e.reason})")
-            yield text, len(raw)
+                raw = f.readline()
+            except OSError as e:
+                raise BadInput(f"{path}:{number}: cannot read: {e.strerror or e}")
+            if not raw:
+                return
+            yield f"{path}:{number}", raw
+
+
+def jsonl_documents(path, field):
+    """Yields (text or None, bytes consumed in this file) for each line of a JSONL file."""
+    for where, raw in numbered_lines(path):
+        yield (jsonl_text(raw, where, field) if raw.strip() else None), len(raw)
+
+
+def jsonl_text(raw, where, field):
+    """The document of one JSONL line; whatever goes wrong reading the line is bad input there."""
+    try:
+        return parse_jsonl_line(raw, where, field)
+    except BadInput:
+        raise
+    except RecursionError:  # the json module recurses once per nesting level
+        raise BadInput(f"{where}: not a JSON value: nested too deeply")
+    except Exception as e:  # e.g. MemoryError: the line, not the tool, is at fault
+        raise BadInput(f"{where}: cannot read the line: {type(e).__name__}: {e}")
+
+
+def parse_jsonl_line(raw, where, field):
+    try:
+        record = json.loads(raw)
+    except UnicodeDecodeError as e:
+        raise BadInput(f"{where}: not UTF-8 ({e.reason} at byte {e.start} of the line)")
+    except ValueError as e:
+        raise BadInput(f"{where}: not a JSON value: {e}")
+    if not isinstance(record, dict):
+        raise BadInput(f"{where}: {json_kind(record)}, not a JSON object with a {field!r} string")
+    if field not in record:
+        raise BadInput(f"{where}: no field {field!r}")
+    text = record[field]
+    if not isinstance(text, str):
+        raise BadInput(f"{where}: field {field!r} is {json_kind(text)}, not a string")
+    try:  # a JSON escape can make a lone surrogate, which no tokenizer encodes
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise BadInput(f"{where}: field {field!r} holds {e.object[e.start]!r}, not Unicode text ({e.reason})")
+    return text
 
 
 def text_documents(path, split):
@@ -126,21 +154,20 @@ def text_documents(path, split):
     # Line by line, so a large file streams: a document is a non-blank line, or a paragraph
     # (lines that are not blank, up to a blank line or the end), without its final line break.
     paragraph = []
-    with open(path, "rb") as f:
-        for number, raw in enumerate(f, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise BadInput(f"{path}:{number}: not UTF-8 ({e.reason} at byte {e.start} of the line)")
-            blank = not line.strip()
-            if split == "line":
-                yield (None if blank else line.rstrip("\r\n")), len(raw)
-            elif not blank:
-                paragraph.append(line)
-                yield None, len(raw)
-            else:
-                yield ("".join(paragraph).rstrip("\r\n") if paragraph else None), len(raw)
-                paragraph = []
+    for where, raw in numbered_lines(path):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise BadInput(f"{where}: not UTF-8 ({e.reason} at byte {e.start} of the line)")
+        blank = not line.strip()
+        if split == "line":
+            yield (None if blank else line.rstrip("\r\n")), len(raw)
+        elif not blank:
+            paragraph.append(line)
+            yield None, len(raw)
+        else:
+            yield ("".join(paragraph).rstrip("\r\n") if paragraph else None), len(raw)
+            paragraph = []
     if paragraph:
         yield "".join(paragraph).rstrip("\r\n"), 0
 
