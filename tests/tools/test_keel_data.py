@@ -5,8 +5,10 @@ records vocabulary, EOS id and documents, the output is deterministic, bad input
 
 Trains a small byte-level BPE tokenizer.json with `tokenizers` on a corpus written here, builds
 token files from plain text and JSONL with keel-data, parses each header here, and compares
-every document's ids with `Tokenizer.encode(doc, add_special_tokens=False).ids` + [EOS]. A file
-keel-data wrote then trains the tiny llama3 for two steps. Exits 0 when every check holds;
+every document's ids with `Tokenizer.encode(doc, add_special_tokens=False).ids` + [EOS], with
+encode_special_tokens set (special-token text in a document is text: one EOS per document; the
+ids of other documents are checked equal to the default encoding). A file keel-data wrote then
+trains the tiny llama3 for two steps. Exits 0 when every check holds;
 prints each failed check and exits 1 otherwise.
 """
 import json
@@ -79,9 +81,19 @@ def main():
     def expect_file(out, tokenizer, documents, eos, what):
         """The token file holds exactly `documents`, each encoded by the library then EOS."""
         header, ids = read_token_file(out)
+        # Document text is encoded literally: special-token text in it is text, never a special token.
+        literal = Tokenizer.from_str(tokenizer.to_str())
+        literal.encode_special_tokens = True
         expected = []
         for doc in documents:
-            expected += tokenizer.encode(doc, add_special_tokens=False).ids + [eos]
+            doc_ids = literal.encode(doc, add_special_tokens=False).ids
+            if not any(special in doc for special in SPECIALS):
+                check(doc_ids == tokenizer.encode(doc, add_special_tokens=False).ids,
+                      f"{what}: literal encoding differs from the library's default for {doc!r}")
+            expected += doc_ids + [eos]
+        check(ids.count(eos) == len(documents) == header["documents"],
+              f"{what}: {ids.count(eos)} EOS ids, {header['documents']} documents in the header, "
+              f"{len(documents)} expected")
         check(header["magic"] == b"KEELTOK2", f"{what}: magic {header['magic']!r}")
         check(header["flags"] == 1, f"{what}: flags {header['flags']}, expected 1 (EOS id recorded)")
         check(header["vocab"] == tokenizer.get_vocab_size(with_added_tokens=True),
@@ -96,6 +108,15 @@ def main():
     tokenizer_json = path("tokenizer.json")
     tokenizer = make_tokenizer(tokenizer_json, SPECIALS)
     endoftext = tokenizer.token_to_id("<|endoftext|>")
+
+    # Special-token text inside a document is text: one EOS id per document, at its end.
+    specials_jsonl = write("specials.jsonl", '{"text": "hello <|endoftext|> world"}\n{"text": "<|endoftext|>"}\n'
+                                             '{"text": "a <pad> and <|eos|>"}\n')
+    r = build("--tokenizer", tokenizer_json, "--input", specials_jsonl, "--output", path("specials.tok"))
+    check(r.returncode == 0, f"special-token text: exit {r.returncode}: {r.stdout}")
+    if r.returncode == 0:
+        expect_file(path("specials.tok"), tokenizer, ["hello <|endoftext|> world", "<|endoftext|>",
+                                                      "a <pad> and <|eos|>"], endoftext, "special-token text")
 
     # Plain text (one document per file) and JSONL (one per line, a blank line skipped, more
     # documents than one batch of the tokenizer step holds) in one build, in input order.

@@ -8,7 +8,9 @@ keel-data runs this script and reads its standard output; users run keel-data, n
 Documents: a JSONL line is one document (the string at --field; blank lines are skipped); a
 plain-text file is one document (--text-split file), or one per paragraph (runs of blank lines
 separate them) or one per non-blank line. Documents are encoded without special tokens
-(add_special_tokens=False): keel-data appends the EOS itself after each one.
+(add_special_tokens=False): keel-data appends the EOS itself after each one. Their text is
+encoded literally (encode_special_tokens=True): "<|endoftext|>" written in a document is text,
+never the EOS or another special token, so every document ends at its one EOS.
 
 Output (little-endian), a stream of records after one header:
   header   b"KEELTKZ1", u64 vocabulary size, u64 EOS id, u32 length + the EOS token (UTF-8)
@@ -205,6 +207,12 @@ def main():
         tokenizer = tokenizers.Tokenizer.from_file(args.tokenizer)
     except Exception as e:  # the library raises its own Exception for a malformed file
         raise BadInput(f"{args.tokenizer}: not a tokenizer.json the tokenizers library reads: {e}")
+    # add_special_tokens=False does not stop special-token text in a document from matching the
+    # special token itself: an EOS inside a document would cut it in two.
+    if not hasattr(tokenizer, "encode_special_tokens"):
+        raise BadInput(f"the Python package 'tokenizers' {tokenizers.__version__} cannot encode special-token text "
+                       "literally; --tokenizer needs tokenizers 0.19 or later")
+    tokenizer.encode_special_tokens = True
     eos_token, eos_id = resolve_eos(tokenizer, args.tokenizer, args.eos)
     # Added tokens may sit above the base vocabulary; every id must be below the recorded size.
     vocab = max(tokenizer.get_vocab_size(with_added_tokens=True), max(tokenizer.get_vocab(True).values()) + 1)
