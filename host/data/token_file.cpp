@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "common/durable_file.hpp"
 #include "common/error.hpp"
 #include "common/text.hpp"
 
@@ -46,6 +47,19 @@ static_assert(sizeof(HeaderV2) == 48);
 
 // The largest vocabulary whose every id fits a token of `width` bytes.
 uint64_t max_vocab(uint32_t width) { return width == 2 ? (uint64_t{1} << 16) : (uint64_t{1} << 32); }
+
+// Puts the file's data on the disk, so the rename that publishes it cannot outlive them in a
+// power loss (which would replace a good output with an empty file).
+void sync_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw std::runtime_error(cat("cannot open token file ", path, " to sync it: ", std::strerror(errno)));
+  if (::fsync(fd) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw std::runtime_error(cat("cannot sync token file ", path, ": ", std::strerror(err)));
+  }
+  ::close(fd);
+}
 }  // namespace
 
 TokenFileWriter::TokenFileWriter(std::string path, uint64_t vocab_size, std::optional<uint32_t> eos_id)
@@ -116,8 +130,16 @@ void TokenFileWriter::close() {
   out_.write(reinterpret_cast<const char*>(&header), sizeof(header));
   out_.close();
   if (!out_) throw InputError(cat("cannot write token file ", partial_, ": ", std::strerror(errno)));
+  sync_file(partial_);
   std::filesystem::rename(partial_, path_);
   open_ = false;
+  // The rename itself reaches the disk with the folder; the file is complete either way, so a
+  // folder that cannot be synced does not fail the write.
+  const std::filesystem::path folder = std::filesystem::path(path_).parent_path();
+  try {
+    sync_dir(folder.empty() ? std::filesystem::path(".") : folder);
+  } catch (const std::exception&) {
+  }
 }
 
 void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens, uint64_t vocab_size,

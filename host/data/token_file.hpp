@@ -44,7 +44,8 @@ class TokenFileWriter {
   void end_document();
   /// Counts `n` documents whose EOS ids the caller already appended.
   void count_documents(uint64_t n) { num_documents_ += n; }
-  /// Writes the header, then renames the partial file to `path`.
+  /// Writes the header, syncs the partial file to the disk, then renames it to `path` (and
+  /// syncs its folder, best effort): a crash leaves the old output or the whole new one.
   void close();
 
   /// Tokens appended so far.

@@ -9,6 +9,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <stdexcept>
 
 #include "checkpoint/safetensors.hpp"
 #include "common/error.hpp"
@@ -288,6 +289,30 @@ TEST(TokenFileWriter, AFailedOrAbandonedWriteLeavesTheOutputPathAlone) {
   EXPECT_THROW(TokenFileWriter(dir / "no/such/dir/t.bin", 300, std::nullopt), InputError);
   TokenFileWriter no_eos(dir / "u.bin", 300, std::nullopt);
   EXPECT_THROW(no_eos.end_document(), InputError);
+}
+
+// close() fsyncs the file before the rename and the folder after it; a sync cannot be observed
+// here, so this checks what close() leaves: the whole file in place of the old, no partial file.
+TEST(TokenFileWriter, CloseReplacesTheOutputWithTheWholeFileAndLeavesNoPartial) {
+  test::TempDir dir;
+  const std::string path = dir / "t.bin";
+  test::write_file(path, "previous contents");
+  TokenFileWriter writer(path, 300, 2);
+  const std::vector<uint32_t> document = {5, 299, 7};
+  for (int i = 0; i < 4; ++i) {
+    writer.append(document.data(), document.size());
+    writer.end_document();
+  }
+  writer.close();
+  EXPECT_FALSE(std::filesystem::exists(path + ".partial"));
+  EXPECT_EQ(std::filesystem::file_size(path), 48u + 16u * 2u);  // the header, then 16 two-byte tokens
+  TokenFileSource source(path, 1);
+  EXPECT_EQ(source.num_tokens(), 16u);
+  EXPECT_EQ(source.num_documents(), 4u);
+  std::vector<int64_t> all(16);
+  source.sample(0, 16, all.data());
+  EXPECT_EQ(all, (std::vector<int64_t>{5, 299, 7, 2, 5, 299, 7, 2, 5, 299, 7, 2, 5, 299, 7, 2}));
+  EXPECT_THROW(writer.close(), std::logic_error);
 }
 
 TEST(TokenFileWriter, StreamsMoreTokensThanItsBufferHoldsInOrder) {
