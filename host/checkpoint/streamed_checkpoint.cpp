@@ -6,8 +6,10 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 
 #include "checkpoint/checkpoint_writer.hpp"
+#include "checkpoint/strict_json.hpp"
 #include "common/durable_file.hpp"
 #include "common/error.hpp"
 #include "common/text.hpp"
@@ -41,24 +43,37 @@ StreamedCheckpoint::StreamedCheckpoint(const std::string& root, int64_t step, st
   fs::create_directories(root);
   fs::remove_all(partial_);  // a previous import's leftover, never a complete checkpoint
   fs::create_directories(partial_);
-  file_ = (fs::path(partial_) / CheckpointWriter::file_name(0)).string();
-  std::vector<uint64_t> offsets;
-  const std::string header = safetensors_header(layout, {{"format", "keel-checkpoint-shard"}}, offsets);
-  data_start_ = header.size();
-  uint64_t total = data_start_;
-  for (size_t i = 0; i < layout.size(); ++i) {
-    const uint64_t bytes =
-        c10::elementSize(layout[i].dtype) * static_cast<uint64_t>(c10::multiply_integers(layout[i].shape));
-    total += bytes;
-    Slot slot{std::move(layout[i]), offsets[i], ""};
-    const std::string key = slot.layout.name;
-    if (!slots_.emplace(key, std::move(slot)).second) throw std::logic_error(cat("layout lists '", key, "' twice"));
+  // A constructor that throws runs no destructor: what it made is removed here.
+  try {
+    file_ = (fs::path(partial_) / CheckpointWriter::file_name(0)).string();
+    std::vector<uint64_t> offsets;
+    const std::string header = safetensors_header(layout, {{"format", "keel-checkpoint-shard"}}, offsets);
+    data_start_ = header.size();
+    uint64_t total = data_start_;
+    for (size_t i = 0; i < layout.size(); ++i) {
+      int64_t volume = 0;
+      uint64_t bytes = 0;
+      if (!checked_volume(layout[i].shape, volume) ||
+          __builtin_mul_overflow(static_cast<uint64_t>(volume), c10::elementSize(layout[i].dtype), &bytes) ||
+          __builtin_add_overflow(total, bytes, &total) ||
+          total > static_cast<uint64_t>(std::numeric_limits<off_t>::max()))
+        throw InputError(
+            cat("'", layout[i].name, "' of shape ", at::IntArrayRef(layout[i].shape), " does not fit in a file"));
+      Slot slot{std::move(layout[i]), offsets[i], ""};
+      const std::string key = slot.layout.name;
+      if (!slots_.emplace(key, std::move(slot)).second) throw std::logic_error(cat("layout lists '", key, "' twice"));
+    }
+    fd_ = ::open(file_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd_ < 0) throw std::runtime_error(cat("cannot create ", file_, ": ", std::strerror(errno)));
+    write_at(fd_, header.data(), header.size(), 0, file_);
+    if (::ftruncate(fd_, static_cast<off_t>(total)) != 0)
+      throw std::runtime_error(cat("cannot size ", file_, " to ", total, " bytes: ", std::strerror(errno)));
+  } catch (...) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+    fs::remove_all(partial_, ec);
+    throw;
   }
-  fd_ = ::open(file_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd_ < 0) throw std::runtime_error(cat("cannot create ", file_, ": ", std::strerror(errno)));
-  write_at(fd_, header.data(), header.size(), 0, file_);
-  if (::ftruncate(fd_, static_cast<off_t>(total)) != 0)
-    throw std::runtime_error(cat("cannot size ", file_, " to ", total, " bytes: ", std::strerror(errno)));
 }
 
 StreamedCheckpoint::~StreamedCheckpoint() {

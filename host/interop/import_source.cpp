@@ -66,6 +66,16 @@ keel_status ImportSourceAdapter::refuse(const std::string& why) {
 
 keel_status ImportSourceAdapter::config_get(void* context, const char* path, int32_t type, void* out, int32_t* found) {
   auto& self = *static_cast<ImportSourceAdapter*>(context);
+  // No exception crosses back into the plugin's frames.
+  try {
+    return self.get_config(path, type, out, found);
+  } catch (const std::exception& e) {
+    return self.refuse(cat("import: config_get: ", e.what()));
+  }
+}
+
+keel_status ImportSourceAdapter::get_config(const char* path, int32_t type, void* out, int32_t* found) {
+  ImportSourceAdapter& self = *this;
   if (path == nullptr || out == nullptr || found == nullptr)
     return self.refuse("import: config_get without a path or output");
   *found = 0;
@@ -114,7 +124,11 @@ keel_status ImportSourceAdapter::config_get(void* context, const char* path, int
 
 int32_t ImportSourceAdapter::has_tensor(void* context, const char* name) {
   auto& self = *static_cast<ImportSourceAdapter*>(context);
-  return name != nullptr && self.checkpoint_.has(name) ? 1 : 0;
+  try {
+    return name != nullptr && self.checkpoint_.has(name) ? 1 : 0;
+  } catch (const std::exception&) {
+    return 0;
+  }
 }
 
 keel_status ImportSourceAdapter::read_tensor(void* context, const char* name, const keel_tensor** out) {
@@ -134,9 +148,13 @@ keel_status ImportSourceAdapter::read_tensor(void* context, const char* name, co
 
 const char* ImportSourceAdapter::origin(void* context, const char* name) {
   auto& self = *static_cast<ImportSourceAdapter*>(context);
-  if (name == nullptr || !self.checkpoint_.has(name)) return nullptr;
-  self.strings_.push_back(self.checkpoint_.file_of(name));
-  return self.strings_.back().c_str();
+  try {
+    if (name == nullptr || !self.checkpoint_.has(name)) return nullptr;
+    self.strings_.push_back(self.checkpoint_.file_of(name));
+    return self.strings_.back().c_str();
+  } catch (const std::exception&) {
+    return nullptr;
+  }
 }
 
 }  // namespace keel

@@ -33,6 +33,7 @@ class ImportSourceAdapter {
   static int32_t has_tensor(void* self, const char* name);
   static keel_status read_tensor(void* self, const char* name, const keel_tensor** out);
   static const char* origin(void* self, const char* name);
+  keel_status get_config(const char* path, int32_t type, void* out, int32_t* found);
   keel_status refuse(const std::string& why);
 
   HfCheckpoint& checkpoint_;

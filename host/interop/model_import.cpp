@@ -42,6 +42,17 @@ struct ConfigReceiver {
 
   static keel_status set(void* self_pointer, const char* key, const char* value) {
     auto& self = *static_cast<ConfigReceiver*>(self_pointer);
+    // No exception crosses back into the plugin's frames.
+    try {
+      return self.receive(key, value);
+    } catch (const std::exception& e) {
+      host_api().set_error(self.context->raw(), KEEL_ERROR_RUNTIME, e.what());
+      return KEEL_ERROR_RUNTIME;
+    }
+  }
+
+  keel_status receive(const char* key, const char* value) {
+    ConfigReceiver& self = *this;
     std::string why;
     const std::string k = key != nullptr ? key : "", v = value != nullptr ? value : "";
     if (k.empty() || value == nullptr) {

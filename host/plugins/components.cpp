@@ -220,11 +220,16 @@ struct ImportReceiver {
     } else if (value == nullptr || !keel::tensor(value).defined()) {
       why = cat("import: tensor '", name, "' is undefined");
     } else {
+      // A tensor that does not fit the model is bad input; a failure to write it (a full disk)
+      // is not.
       try {
         (*self.receive)(name, keel::tensor(value).detach());
         return KEEL_OK;
-      } catch (const std::exception& e) {
+      } catch (const InputError& e) {
         why = e.what();
+      } catch (const std::exception& e) {
+        host_api().set_error(self.context->raw(), KEEL_ERROR_RUNTIME, e.what());
+        return KEEL_ERROR_RUNTIME;
       }
     }
     host_api().set_error(self.context->raw(), KEEL_ERROR_INVALID_ARGUMENT, why.c_str());

@@ -63,6 +63,11 @@ void import_rope(const keel::ImportSource& source, keel::ImportedConfig& out) {
   if (kind != "yarn")
     throw keel::unsupported_config(prefix + (source.string(prefix + "rope_type") ? "rope_type" : "type"),
                                    "'" + kind + "'; Keel's DeepSeek-V3 has plain RoPE or YaRN");
+  // transformers' YaRN takes an explicit attention factor over the one mscale gives; Keel
+  // derives it from mscale and mscale_all_dim only.
+  if (source.real(prefix + "attention_factor"))
+    throw keel::unsupported_config(prefix + "attention_factor",
+                                   "set; Keel's YaRN derives the attention factor from mscale and mscale_all_dim");
   out.set("rope_factor", required_real(source, prefix + "factor"));
   out.set("original_seq_len", required(source, prefix + "original_max_position_embeddings"));
   out.set("beta_fast", source.real(prefix + "beta_fast").value_or(32.0));
@@ -78,9 +83,10 @@ int64_t mtp_depth(const keel::Host& host, const keel::ImportSource& source, int6
   if (!declared) declared = source.integer("num_mtp_layers");
   const int64_t depth = declared.value_or(0);
   if (depth < 0) throw keel::unsupported_config("num_nextn_predict_layers", "negative");
+  // Counted up to the first layer absent: a declared depth of 10^18 costs one lookup.
   int64_t present = 0;
-  for (int64_t k = 0; k < depth; ++k)
-    if (source.has("model.layers." + std::to_string(n_layers + k) + ".eh_proj.weight")) ++present;
+  while (present < depth && source.has("model.layers." + std::to_string(n_layers + present) + ".eh_proj.weight"))
+    ++present;
   if (present == depth) return depth;
   if (present == 0) {
     host.info("import hf: config.json declares " + std::to_string(depth) +
@@ -130,8 +136,9 @@ void check_mtp_copies(const Args& args, const keel::ImportSource& source) {
           alike ? at::equal(stored_copy, stored_main)
                 : at::equal(keel::import_weight(source, copy, shape), keel::import_weight(source, main, shape));
       if (!same)
-        throw keel::Error(KEEL_ERROR_INVALID_ARGUMENT, "import: '" + copy + "' differs from '" + main +
-                                                           "'; Keel's MTP modules share the main embedding and head");
+        throw keel::Error(KEEL_ERROR_INVALID_ARGUMENT, "import: " + source.where(copy) + " differs from " +
+                                                           source.where(main) +
+                                                           "; Keel's MTP modules share the main embedding and head");
     }
   }
 }
@@ -171,7 +178,7 @@ void import_hf_config(const keel::Host& host, const keel::ImportSource& source, 
                                                       "= n_group)");
   check_quantization(source);
 
-  const int64_t n_layers = required(source, "num_hidden_layers");
+  const int64_t n_layers = keel::import_layer_count(source, "num_hidden_layers", "input_layernorm.weight");
   // q_lora_rank null means a direct query projection; its tensors tell a null from a missing one.
   std::optional<int64_t> q_lora_rank = source.integer("q_lora_rank");
   if (!q_lora_rank && !source.has("model.layers.0.self_attn.q_proj.weight"))

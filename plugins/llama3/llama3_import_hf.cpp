@@ -43,7 +43,7 @@ void import_hf_config(const keel::ImportSource& source, keel::ImportedConfig& ou
   std::optional<double> theta = source.real("rope_parameters.rope_theta");
   if (!theta) theta = source.real("rope_theta");
   out.set("dim", dim);
-  out.set("n_layers", required(source, "num_hidden_layers"));
+  out.set("n_layers", keel::import_layer_count(source, "num_hidden_layers", "input_layernorm.weight"));
   out.set("n_heads", heads);
   out.set("n_kv_heads", source.integer("num_key_value_heads").value_or(heads));
   out.set("ffn_hidden", required(source, "intermediate_size"));

@@ -8,7 +8,8 @@ checkpoint; Keel's logits on a batch (LLAMA3_DUMP on the weights `keel-ckpt expo
 consolidates) must equal transformers' (rtol 1e-5, atol 1e-6, as the export test). The
 checkpoint then starts a run on one rank and under PP2 DP2 (tools/keel-launch): the first
 step's loss must agree. Finally every kind of bad input is refused with exit 2, naming the file
-and the tensor, and leaves nothing in OUT. Exits non-zero on a miss.
+and the tensor, and leaves nothing in OUT; a run's folder (checkpoints, `latest`) is never
+written into. Exits non-zero on a miss.
 """
 import json
 import os
@@ -139,6 +140,22 @@ def check_refusals(ckpt, hf, work, failures):
         with open(path, "w") as f:
             json.dump(data, f)
 
+    def edit_config(**changes):
+        def edit(folder):
+            path = os.path.join(folder, "config.json")
+            with open(path) as f:
+                data = json.load(f)
+            data.update(changes)
+            with open(path, "w") as f:
+                json.dump(data, f)
+        return edit
+
+    def nan_weight(folder):
+        path = os.path.join(folder, victim_file)
+        tensors = load_file(path)
+        tensors[victim][0, 0] = float("nan")
+        save_file(tensors, path, metadata={"format": "pt"})
+
     damaged("missing_shard", remove_shard, [victim_file, "missing shard", "places '"])
     damaged("wrong_shape", reshape, [victim, victim_file, "shape"])
     damaged("unknown_tensor", add_unknown, ["model.layers.1.mlp.extra_proj.weight", victim_file])
@@ -146,6 +163,25 @@ def check_refusals(ckpt, hf, work, failures):
     damaged("misplaced_in_index", misplace, [victim, index_name])
     damaged("index_escapes_folder", escape, [victim, "not a .safetensors file name"])
     damaged("rope_scaling", scaled_rope, ["rope_parameters.rope_type", "llama3"])
+    damaged("layer_count_beyond_int32", edit_config(num_hidden_layers=2**32 + 2), ["num_hidden_layers", "4294967298"])
+    damaged("layer_count_beyond_weights", edit_config(num_hidden_layers=3), ["num_hidden_layers", "model.layers.2"])
+    damaged("vocab_beyond_weights", edit_config(vocab_size=2**40), ["config.json", "shapes need"])
+    damaged("nan_weight", nan_weight, [victim, victim_file, "NaN"])
+
+    # A run's folder is never written into: its checkpoints and `latest` stay as they were.
+    run_root = os.path.join(work, "a_run")
+    os.makedirs(os.path.join(run_root, "step-500"), exist_ok=True)
+    with open(os.path.join(run_root, "latest"), "w") as f:
+        f.write("step-500\n")
+    result = subprocess.run([ckpt, "import", "--hf", hf, run_root], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    with open(os.path.join(run_root, "latest")) as f:
+        latest = f.read()
+    if result.returncode != 2 or "not empty" not in result.stdout or latest != "step-500\n" or \
+            sorted(os.listdir(run_root)) != ["latest", "step-500"]:
+        failures.append(f"import into a run's folder: exit {result.returncode}, latest {latest!r}, "
+                        f"holds {sorted(os.listdir(run_root))}:\n{result.stdout}")
+    print(f"refused a run's folder: {result.stdout.strip().splitlines()[-1]}")
 
 
 def main():
@@ -176,7 +212,7 @@ def main():
 
     # A second import into the same OUT never replaces the checkpoint.
     again = subprocess.run([ckpt, "import", "--hf", hf, out], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if again.returncode != 2 or "already exists" not in again.stdout:
+    if again.returncode != 2 or "not empty" not in again.stdout:
         failures.append(f"a second import into {out}: exit {again.returncode}:\n{again.stdout}")
 
     # The checkpoint starts a run on any layout.

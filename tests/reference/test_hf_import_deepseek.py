@@ -459,6 +459,11 @@ def bad_input_case(keel, work):
         ("quant_block", lambda f: edit_config(f, quantization_config={"weight_block_size": [64, 64]}),
          ["quantization_config.weight_block_size"]),
         ("rope_type", lambda f: edit_config(f, rope_scaling={"type": "dynamic"}), ["rope_scaling.type"]),
+        ("attention_factor", lambda f: edit_config(f, rope_scaling={
+            "type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "attention_factor": 1.5}),
+         ["rope_scaling.attention_factor"]),
+        ("layer_count", lambda f: edit_config(f, num_hidden_layers=10**18), ["num_hidden_layers"]),
+        ("mtp_depth", lambda f: edit_config(f, num_nextn_predict_layers=4 * 10**18), ["num_nextn_predict_layers"]),
     ]
     # Accepted variants: the keys they set.
     accepted = [

@@ -59,7 +59,7 @@ struct ImportOptions {
 
 /// Turns the Hugging Face folder `hf_dir` into the Keel checkpoint `out_dir`/step-0 (and the
 /// model's table in `out_dir`/model.toml) through the model plugin's import extension. Nothing
-/// is left in `out_dir` on failure; an existing step-0 is never replaced.
+/// is left in `out_dir` on failure; `out_dir` must be new or empty.
 int import_hf(const ImportOptions& options);
 
 }  // namespace keel::ckpt

@@ -8,6 +8,7 @@
 
 #include <keel/config_keys.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -15,6 +16,7 @@
 
 #include "checkpoint/checkpoint_writer.hpp"
 #include "checkpoint/streamed_checkpoint.hpp"
+#include "checkpoint/strict_json.hpp"
 #include "ckpt_commands.hpp"
 #include "common/durable_file.hpp"
 #include "common/error.hpp"
@@ -130,6 +132,47 @@ std::string component_assignment(const std::string& set, const std::string& comp
 
 }  // namespace
 
+namespace {
+
+// OUT is new or empty: an import never writes beside a run's checkpoints or its `latest`.
+void check_destination(const std::string& out) {
+  std::error_code ec;
+  if (!fs::exists(out, ec)) return;
+  if (!fs::is_directory(out, ec)) throw InputError(cat(out, ": exists and is not a folder"));
+  std::vector<std::string> held;
+  for (const auto& entry : fs::directory_iterator(out, ec)) held.push_back(entry.path().filename().string());
+  std::sort(held.begin(), held.end());  // the listing's order is the file system's
+  if (!held.empty())
+    throw InputError(cat(out, ": not empty (it holds ", join(held, ", "),
+                         "): an import writes into a new or empty folder, never beside another checkpoint or over a "
+                         "`latest` pointer"));
+}
+
+// Every Keel tensor comes from the folder, at most 4 bytes (fp32) per stored byte (FP8): a
+// config.json whose shapes need more describes other weights. Checked before anything is
+// written, whatever the shapes claim.
+void check_size(const std::vector<SafetensorsLayout>& layout, const HfCheckpoint& hf) {
+  uint64_t total = 0;
+  for (const SafetensorsLayout& t : layout) {
+    int64_t volume = 0;
+    uint64_t bytes = 0;
+    if (!checked_volume(t.shape, volume) ||
+        __builtin_mul_overflow(static_cast<uint64_t>(volume), c10::elementSize(t.dtype), &bytes) ||
+        __builtin_add_overflow(total, bytes, &total))
+      total = UINT64_MAX;
+    if (total == UINT64_MAX) break;
+  }
+  const uint64_t bound = hf.data_bytes() > UINT64_MAX / 4 ? UINT64_MAX : 4 * hf.data_bytes();
+  if (total > bound)
+    throw InputError(cat(hf.dir(), "/config.json: its shapes need ",
+                         total == UINT64_MAX ? std::string("more than 2^64") : human_bytes(static_cast<double>(total)),
+                         " of fp32 weights, more than the folder's ", human_bytes(static_cast<double>(hf.data_bytes())),
+                         " of tensors can give (a config.json of another model? check vocab_size, hidden_size and "
+                         "the layer counts)"));
+}
+
+}  // namespace
+
 int import_hf(const ImportOptions& options) {
   // Each tensor is a large, short-lived allocation. glibc's threshold for serving those by mmap
   // grows with every one freed, after which they come from the heap, which then keeps what
@@ -137,6 +180,7 @@ int import_hf(const ImportOptions& options) {
   // system when freed, so memory holds about one tensor at a time.
   ::mallopt(M_MMAP_THRESHOLD, 128 * 1024);
   const auto started = std::chrono::steady_clock::now();
+  check_destination(options.out_dir);
   HfCheckpoint hf(options.hf_dir);
   log_info(
       cat("importing ", hf.dir(), ": ", hf.size(), " tensors, ", human_bytes(static_cast<double>(hf.data_bytes()))));
@@ -150,7 +194,7 @@ int import_hf(const ImportOptions& options) {
   // The job's [model] table: the plugin's keys, then --flavor and --set on top.
   std::string text = cat("[model]\nplugin = ", toml_text(plugin_name), "\ncomponent = ", toml_text(component),
                          "\n\n[model.", component, "]\n");
-  if (!options.flavor.empty()) text += cat("flavor = \"", options.flavor, "\"\n");
+  if (!options.flavor.empty()) text += cat("flavor = ", toml_text(options.flavor), "\n");
   for (const auto& [key, value] : choice.table) text += cat(key, " = ", value, "\n");
   ConfigTree tree = ConfigTree::from_string(text, cat(hf.dir(), "/config.json (as imported)"));
   for (const std::string& set : options.sets) tree.set(component_assignment(set, component, choice.table));
@@ -179,6 +223,7 @@ int import_hf(const ImportOptions& options) {
   for (const ParamRef& p : whole.parameters()) plan(p);
   for (const ParamRef& b : whole.buffers())
     if (b.persistent()) plan(b);
+  check_size(layout, hf);
 
   const bool out_existed = fs::exists(options.out_dir);
   std::string written;

@@ -102,9 +102,30 @@ inline std::string shape_text(at::IntArrayRef shape) {
   return out + "]";
 }
 
+/// `value` (the fp32 weight `name`), refused naming it and its file when it holds a NaN or an
+/// infinity: a damaged checkpoint must not start a run.
+inline at::Tensor finite_weight(const ImportSource& source, const std::string& name, at::Tensor value) {
+  if (!at::isfinite(value).all().item<bool>())
+    throw Error(KEEL_ERROR_INVALID_ARGUMENT, "import: " + source.where(name) + " holds a NaN or an infinity");
+  return value;
+}
+
+/// The layer count config.json's `field` gives, checked against the folder before any model is
+/// built from it: at least 1, and the folder holds `model.layers.<count - 1>.<probe>` (a count
+/// the weights do not have is refused naming the field, whatever its size).
+inline int64_t import_layer_count(const ImportSource& source, const std::string& field, const std::string& probe) {
+  std::optional<int64_t> count = source.integer(field);
+  if (!count) throw unsupported_config(field, "missing");
+  if (*count < 1 || *count > (int64_t{1} << 20) ||
+      !source.has("model.layers." + std::to_string(*count - 1) + "." + probe))
+    throw unsupported_config(field, std::to_string(*count) + ", but the folder has no model.layers." +
+                                        std::to_string(*count < 1 ? 0 : *count - 1) + "." + probe);
+  return *count;
+}
+
 /// The weight `name` of `source` in fp32, checked against `shape`: a float8_e4m3fn weight is
-/// dequantized with its `<name>_scale_inv` block scales (DeepSeek-V3's FP8 release: each
-/// block x block tile, the last ones cut at the edges, times one fp32 scale).
+/// dequantized with its `<name>_scale_inv` block scales; NaN and infinities are refused (DeepSeek-V3's FP8 release:
+/// each block x block tile, the last ones cut at the edges, times one fp32 scale).
 inline at::Tensor import_weight(const ImportSource& source, const std::string& name, at::IntArrayRef shape,
                                 int64_t block = 128) {
   const at::Tensor& stored = source.tensor(name);
@@ -117,7 +138,7 @@ inline at::Tensor import_weight(const ImportSource& source, const std::string& n
       throw Error(KEEL_ERROR_INVALID_ARGUMENT, "import: " + source.where(name) + " is " +
                                                    c10::toString(stored.scalar_type()) +
                                                    ", not a floating-point tensor");
-    return stored.to(at::kFloat);
+    return finite_weight(source, name, stored.to(at::kFloat));
   }
   if (stored.dim() != 2)
     throw Error(KEEL_ERROR_INVALID_ARGUMENT,
