@@ -9,6 +9,7 @@
 #include <keel/config_keys.hpp>
 #include <keel/host.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -105,8 +106,13 @@ inline std::string shape_text(at::IntArrayRef shape) {
 /// `value` (the fp32 weight `name`), refused naming it and its file when it holds a NaN or an
 /// infinity: a damaged checkpoint must not start a run.
 inline at::Tensor finite_weight(const ImportSource& source, const std::string& name, at::Tensor value) {
-  if (!at::isfinite(value).all().item<bool>())
-    throw Error(KEEL_ERROR_INVALID_ARGUMENT, "import: " + source.where(name) + " holds a NaN or an infinity");
+  // In slices: isfinite's temporaries over a whole vocab-sized table would double the
+  // import's memory.
+  const at::Tensor flat = value.reshape({-1});
+  constexpr int64_t kSlice = int64_t{1} << 20;
+  for (int64_t begin = 0; begin < flat.numel(); begin += kSlice)
+    if (!at::isfinite(flat.slice(0, begin, std::min(flat.numel(), begin + kSlice))).all().item<bool>())
+      throw Error(KEEL_ERROR_INVALID_ARGUMENT, "import: " + source.where(name) + " holds a NaN or an infinity");
   return value;
 }
 
