@@ -3,6 +3,7 @@
 // each with traps beyond its struct sizes that a host reading too far would trip over.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <string>
 
 #include "checkpoint/safetensors.hpp"
@@ -93,6 +94,23 @@ TEST(AbiVersions, TheDeclaredKeyOfAOneThreeClipperIsReadFromItsTable) {
                           "'clipper' (plugin versioned_1_3) reads bound (keel-plugin inspect versioned_1_3)"),
             std::string::npos)
       << r.output;
+}
+
+// A model without the import extension (every plugin before 1.4, and a 1.4 one that does not
+// import) is refused by name; OUT is not created.
+TEST(AbiVersions, ImportNamesAModelWithoutTheImportExtension) {
+  test::TempDir dir;
+  test::write_file(dir / "hf/config.json", "{\"architectures\": [\"BigramForCausalLM\"]}\n");
+  write_safetensors(dir / "hf/model.safetensors", {{"head.weight", at::zeros({4, 4})}});
+  const std::string paths = " --plugin-path " + test::test_plugin_dir() + " --plugin-path " + test::plugin_dir();
+  for (const char* plugin : {"versioned_1_3", "versioned_1_4"}) {
+    test::CommandResult r = test::run_command(test::bin_dir() + "/keel-ckpt import --hf " + (dir / "hf") + " " +
+                                              (dir / "out") + " --plugin " + plugin + paths);
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_NE(r.output.find(std::string("plugin ") + plugin + " has no model that imports"), std::string::npos)
+        << r.output;
+    EXPECT_FALSE(std::filesystem::exists(dir / "out"));
+  }
 }
 
 TEST(HeaderExample, TheRawAbiClipperInKeelHTrainsTheTinyLlama) {

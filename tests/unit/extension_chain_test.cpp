@@ -15,6 +15,14 @@ keel_status exporter(keel_model*, const char*, const keel_named_tensor* const*, 
   return KEEL_OK;
 }
 
+keel_status config_importer(keel_host*, const char*, const keel_import_source*, const keel_config_sink*) {
+  return KEEL_OK;
+}
+
+keel_status state_importer(keel_model*, const char*, const keel_import_source*, const keel_export_sink*) {
+  return KEEL_OK;
+}
+
 keel_component model_with(const keel_extension* chain, size_t size = sizeof(keel_component)) {
   static const keel_model_vtable vtable{};
   return keel_component{size, KEEL_COMPONENT_MODEL, "m", "", &vtable, chain};
@@ -87,6 +95,28 @@ TEST(ExtensionChain, AnIncompleteOrMisplacedExportIsRefused) {
   keel_component clipper = model_with(&on_clipper.base);
   clipper.kind = KEEL_COMPONENT_CLIPPER;
   EXPECT_NE(refusal(clipper).find("on a clipper"), std::string::npos);
+}
+
+// ABI 1.4: the import extension is kept when complete, refused naming what is missing.
+TEST(ExtensionChain, ImportIsFoundWhenCompleteAndRefusedWhenIncompleteOrMisplaced) {
+  keel_model_import_extension whole{{sizeof(keel_model_import_extension), KEEL_EXTENSION_MODEL_IMPORT, nullptr},
+                                    "hf",
+                                    config_importer,
+                                    state_importer};
+  ComponentExtensions found = read_extensions("p.so", model_with(&whole.base));
+  EXPECT_EQ(found.model_import.import_config, &config_importer);
+  EXPECT_EQ(found.model_import.import_state, &state_importer);
+  EXPECT_STREQ(found.model_import.formats, "hf");
+
+  keel_model_import_extension short_one = whole;
+  short_one.base.struct_size = KEEL_STRUCT_SIZE(keel_model_import_extension, import_config);
+  EXPECT_NE(refusal(model_with(&short_one.base)).find("this host needs at least"), std::string::npos);
+  keel_model_import_extension no_state = whole;
+  no_state.import_state = nullptr;
+  EXPECT_NE(refusal(model_with(&no_state.base)).find("lacks import_config or import_state"), std::string::npos);
+  keel_component clipper = model_with(&whole.base);
+  clipper.kind = KEEL_COMPONENT_CLIPPER;
+  EXPECT_NE(refusal(clipper).find("the model import extension on a clipper"), std::string::npos);
 }
 
 }  // namespace
