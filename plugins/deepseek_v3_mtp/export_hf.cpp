@@ -41,11 +41,7 @@ const std::map<std::string, std::string>& block_names() {
 // The whole model (one stage, every expert) on the meta device: the FQNs and global shapes
 // the state must hold. Nothing is allocated.
 void check_state(const keel::Host& host, const Args& args, const std::map<std::string, at::Tensor>& state) {
-  keel_part_spec spec{};
-  spec.struct_size = sizeof(spec);
-  spec.num_stages = 1;
-  spec.num_layers = static_cast<int32_t>(args.n_layers);
-  spec.device_type = KEEL_DEVICE_META;
+  const keel_part_spec spec = keel::whole_model_on_meta(args.n_layers);
   ExpertPlacement placement;
   placement.local = args.n_routed_experts;
   Part whole(host.raw(), args, spec, placement);

@@ -209,11 +209,7 @@ void import_hf_config(const keel::Host& host, const keel::ImportSource& source, 
 }
 
 void import_hf(const keel::Host& host, const Args& args, const keel::ImportSource& source, keel::ExportSink& sink) {
-  keel_part_spec spec{};
-  spec.struct_size = sizeof(spec);
-  spec.num_stages = 1;
-  spec.num_layers = static_cast<int32_t>(args.n_layers);
-  spec.device_type = KEEL_DEVICE_META;
+  const keel_part_spec spec = keel::whole_model_on_meta(args.n_layers);
   ExpertPlacement placement;
   placement.local = args.n_routed_experts;
   Part whole(host.raw(), args, spec, placement);

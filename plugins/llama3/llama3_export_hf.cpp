@@ -61,11 +61,7 @@ std::string hf_config_json(const Args& a, at::ScalarType dtype) {
 
 void export_hf(keel_host* host, const Args& args, const std::map<std::string, at::Tensor>& state,
                keel::ExportSink& sink) {
-  keel_part_spec spec{};
-  spec.struct_size = sizeof(spec);
-  spec.num_stages = 1;
-  spec.num_layers = static_cast<int32_t>(args.n_layers);
-  spec.device_type = KEEL_DEVICE_META;
+  const keel_part_spec spec = keel::whole_model_on_meta(args.n_layers);
   Part whole(host, args, spec);
   keel::check_export_state(whole, state);
   for (const auto& [fqn, tensor] : state) {

@@ -59,11 +59,7 @@ at::Tensor half_to_interleaved(const at::Tensor& weight, int64_t heads) {
 }
 
 void import_hf(keel_host* host, const Args& args, const keel::ImportSource& source, keel::ExportSink& sink) {
-  keel_part_spec spec{};
-  spec.struct_size = sizeof(spec);
-  spec.num_stages = 1;
-  spec.num_layers = static_cast<int32_t>(args.n_layers);
-  spec.device_type = KEEL_DEVICE_META;
+  const keel_part_spec spec = keel::whole_model_on_meta(args.n_layers);
   Part whole(host, args, spec);
   for (const auto& record : whole.parameters().records()) {
     const std::string& fqn = record->fqn();

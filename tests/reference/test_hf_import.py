@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 RTOL, ATOL = 1e-5, 1e-6
-# One step's loss on one rank and on four: the same sums in another order. Each rank's loss is
+# One step's loss on one rank and on four (PP2 DP2, or PP2 DP2 EP2): the same sums in another order. Each rank's loss is
 # a mean over ~1e3 fp32 terms and a two-way all-reduce: a relative error of a few 1e-7 (fp32's
 # eps 6e-8 times the depth of the reductions); 1e-5 leaves room without hiding a wrong weight,
 # which moves the loss by 1e-3 or more.

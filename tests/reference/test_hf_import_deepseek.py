@@ -34,6 +34,8 @@ import sys
 
 import torch
 from safetensors.torch import load_file, save_file
+# The first-step loss of a run and its tolerance across layouts, shared with the Llama test.
+from test_hf_import import LOSS_RTOL, first_loss
 
 RTOL, ATOL = 1e-5, 1e-6
 BLOCK = 128
@@ -94,20 +96,6 @@ class Keel:
         return hf_dir, again
 
 
-# One step's loss on one rank and on PP2 DP2 EP2: the same sums in another order. A mean over
-# ~1e3 fp32 terms and a few two-way all-reduces: a relative error of a few 1e-7 (fp32's eps
-# times the reductions' depth); 1e-5 keeps room without hiding a misplaced weight, which moves
-# the loss by 1e-3 or more.
-LOSS_RTOL = 1e-5
-
-
-def first_loss(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        for line in f:
-            record = json.loads(line)
-            if record.get("step") == 1:
-                return record["loss"]
-    sys.exit(f"{run_dir}/metrics.jsonl has no step 1")
 
 
 def layouts_agree(keel, out, name):

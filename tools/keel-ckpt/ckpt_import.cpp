@@ -7,6 +7,7 @@
 #include <sys/resource.h>
 
 #include <keel/config_keys.hpp>
+#include <keel/export.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -206,14 +207,7 @@ int import_hf(const ImportOptions& options) {
   tree.check_all_read();
 
   // What the model holds, from the whole model on the meta device: the checkpoint's layout.
-  keel_part_spec spec{};
-  spec.struct_size = sizeof(spec);
-  spec.num_stages = 1;
-  spec.num_layers = model.info().num_layers;
-  spec.device_type = KEEL_DEVICE_META;
-  spec.param_dtype = KEEL_DTYPE_FP32;
-  spec.compute_dtype = KEEL_DTYPE_FP32;
-  ModelPart& whole = model.build_part(spec);
+  ModelPart& whole = model.build_part(whole_model_on_meta(model.info().num_layers));  // fp32 master weights
   std::vector<SafetensorsLayout> layout;
   auto plan = [&](const ParamRef& p) {
     std::vector<int64_t> shape = p.tensor().sizes().vec();

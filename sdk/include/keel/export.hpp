@@ -39,6 +39,17 @@ class ExportSink {
   keel_host* host_;
 };
 
+/// The spec of the whole model (`layers` layers) as one stage on the meta device: nothing is
+/// allocated, and its parameters give the FQNs and global shapes an export or import checks.
+inline keel_part_spec whole_model_on_meta(int64_t layers) {
+  keel_part_spec spec{};
+  spec.struct_size = sizeof(spec);
+  spec.num_stages = 1;
+  spec.num_layers = static_cast<int32_t>(layers);
+  spec.device_type = KEEL_DEVICE_META;
+  return spec;
+}
+
 /// The name transformers' config.json uses for a dtype ("float32", "bfloat16", "float16").
 inline std::string transformers_dtype(at::ScalarType dtype) {
   switch (dtype) {
