@@ -25,8 +25,6 @@ class ImportSourceAdapter {
 
   /// The C struct handed to the model (its context is this adapter).
   const keel_import_source* raw() const { return &raw_; }
-  /// Reports the errors of later calls to `context` (the model, once it exists).
-  void report_to(HostContext& context) { context_ = &context; }
 
  private:
   static keel_status config_get(void* self, const char* path, int32_t type, void* out, int32_t* found);
