@@ -26,6 +26,10 @@ constexpr int64_t kMaxSeqLen = int64_t{1} << 24;
 constexpr int64_t kMaxGlobalBatch = int64_t{1} << 24;
 constexpr int64_t kMaxThreads = 4096;
 constexpr int64_t kMaxLayersPerStage = int64_t{1} << 20;
+constexpr int64_t kMaxValidationSteps = int64_t{1} << 20;
+// Training's global sample positions stay below 2^62, so sample indices from 2^63 on are
+// held out for validation (the synthetic source).
+constexpr int64_t kMaxTrainingSamples = int64_t{1} << 62;
 
 double in_range(const ConfigSection& s, const std::string& key, double fallback, double lo, double hi, bool hi_open) {
   double value = s.real(key, fallback);
@@ -51,6 +55,32 @@ ComponentChoice read_choice(ConfigTree& tree, const std::string& role, const std
   // then swaps its component with `--set clipper.plugin=...` alone, as the job file does.
   choice.component = s.has("component") ? s.string("component", stem) : stem;
   return choice;
+}
+
+// [validation]; after [training], [parallelism] and [data], whose values it defaults to and checks against.
+ValidationSection read_validation(ConfigTree& tree, const JobConfig& c) {
+  ConfigSection s = tree.section("validation");
+  ValidationSection v;
+  v.interval = s.integer("interval", 0, 0, kMaxSteps);
+  v.steps = s.integer("steps", 1, 1, kMaxValidationSteps);
+  v.data = s.string("data", "");
+  v.split = in_range(s, "split", 0.0, 0.0, 1.0, /*hi_open=*/true);
+  v.split_block = s.integer("split_block", 8192, 1, kMaxSeqLen);
+  v.global_batch = s.integer("global_batch", c.training.global_batch, 1, kMaxGlobalBatch);
+  v.seq_len = s.integer("seq_len", c.training.seq_len, 1, kMaxSeqLen);
+  const int64_t ranks_per_batch = int64_t{c.parallelism.dp} * c.parallelism.microbatches;
+  if (v.global_batch % ranks_per_batch != 0)
+    s.invalid("global_batch",
+              cat("must be divisible by dp x microbatches = ", ranks_per_batch, ", got ", v.global_batch));
+  if (!v.data.empty() && v.split > 0)
+    s.invalid("split", "choose one: validation.data names a file to evaluate on, split holds out part of data.path");
+  if (v.split > 0 && c.data.source != "tokens")
+    s.invalid("split",
+              "applies to data.source = \"tokens\"; the synthetic source evaluates on samples training never draws");
+  if (v.interval > 0 && c.data.source == "tokens" && v.data.empty() && v.split == 0)
+    s.invalid("interval", cat("evaluating needs held-out data: set validation.split (a share of ", c.data.path,
+                              " training never sees) or validation.data (a token file)"));
+  return v;
 }
 
 }  // namespace
@@ -109,6 +139,10 @@ JobConfig read_job_config(ConfigTree& tree, int world_size, bool cuda_available)
     tr.invalid("global_batch",
                cat("must be divisible by dp x microbatches = ", ranks_per_step, ", got ", c.training.global_batch));
 
+  if (c.training.steps > kMaxTrainingSamples / c.training.global_batch)
+    tr.invalid("steps", cat("steps x global_batch must stay below 2^62, got ", c.training.steps, " x ",
+                            c.training.global_batch));
+
   ConfigSection opt = tree.section("optimizer");
   opt.choice("name", "adamw", {"adamw"});
   c.optimizer.lr = opt.real("lr", 3e-4);
@@ -157,6 +191,7 @@ JobConfig read_job_config(ConfigTree& tree, int world_size, bool cuda_available)
   c.checkpoint.dir = ck.string("dir", c.job.run_dir + "/checkpoints");
   c.checkpoint.interval = at_least(ck, "interval", 0, 0);
   c.checkpoint.keep_latest = at_least(ck, "keep_latest", 0, 0);
+  c.checkpoint.keep_best = at_least(ck, "keep_best", 0, 0);
   c.checkpoint.async = ck.boolean("async", false);
   c.checkpoint.load = ck.string_or_integer("load", "");
   static const std::regex load_spec("|latest|\\d+|.*/.*|step-\\d+");
@@ -166,6 +201,10 @@ JobConfig read_job_config(ConfigTree& tree, int world_size, bool cuda_available)
   c.checkpoint.load_model_only = ck.boolean("load_model_only", false);
   if (c.checkpoint.load_model_only && c.checkpoint.load.empty()) ck.invalid("load_model_only", "needs checkpoint.load");
   c.checkpoint.on_save_failure = ck.choice("on_save_failure", "stop", {"stop", "continue"});
+
+  c.validation = read_validation(tree, c);
+  if (c.checkpoint.keep_best > 0 && c.validation.interval == 0)
+    ck.invalid("keep_best", "ranks checkpoints by val_loss and needs validation.interval > 0");
 
   ConfigSection met = tree.section("metrics");
   c.metrics.log_interval = at_least(met, "log_interval", 10, 1);

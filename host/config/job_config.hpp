@@ -74,10 +74,22 @@ struct CheckpointSection {
   std::string dir;          ///< default <run_dir>/checkpoints
   int64_t interval = 0;     ///< save every N steps (and at the end, and on SIGINT/SIGTERM); 0 = off
   int64_t keep_latest = 0;  ///< keep the newest N checkpoints; 0 = all
+  int64_t keep_best = 0;    ///< also keep the N evaluated checkpoints of lowest val_loss
   bool async = false;       ///< write in the background from a host-memory snapshot
   std::string load;         ///< "" (start fresh) | "latest" | a step number | a path
   bool load_model_only = false;
   std::string on_save_failure = "stop";  ///< "stop" (after the final weights, exit 1) | "continue"
+};
+
+/// Held-out evaluation during training.
+struct ValidationSection {
+  int64_t interval = 0;        ///< evaluate every N steps and after the last step; 0 = off
+  int64_t steps = 1;           ///< batches per evaluation
+  std::string data;            ///< a token file to evaluate on; "" = held out from the training source
+  double split = 0;            ///< share of the training token file's blocks held out (0 = none)
+  int64_t split_block = 8192;  ///< tokens per block of the split
+  int64_t global_batch = 0;    ///< samples per evaluation batch (default: training's)
+  int64_t seq_len = 0;         ///< tokens per sample (default: training's)
 };
 
 struct MetricsSection {
@@ -111,6 +123,7 @@ struct JobConfig {
   LrSchedulerSection lr_scheduler;
   DataSection data;
   CheckpointSection checkpoint;
+  ValidationSection validation;
   MetricsSection metrics;
   DebugSection debug;
 };
