@@ -8,8 +8,12 @@
 
 namespace keel {
 
-SyntheticSource::SyntheticSource(int64_t vocab_size, int64_t branching, uint64_t seed)
-    : vocab_(vocab_size), branching_(branching), seed_(seed), successor_(static_cast<size_t>(vocab_size)) {
+SyntheticSource::SyntheticSource(int64_t vocab_size, int64_t branching, uint64_t seed, bool validation)
+    : vocab_(vocab_size),
+      branching_(branching),
+      seed_(seed),
+      first_index_(validation ? uint64_t{1} << 63 : 0),
+      successor_(static_cast<size_t>(vocab_size)) {
   if (vocab_size < 1 || branching < 1 || branching > vocab_size)
     throw std::invalid_argument(
         cat("synthetic data needs 1 <= branching <= vocab; got branching ", branching, ", vocab ", vocab_size));
@@ -19,7 +23,7 @@ SyntheticSource::SyntheticSource(int64_t vocab_size, int64_t branching, uint64_t
 }
 
 void SyntheticSource::sample(uint64_t index, int64_t length, int64_t* out) const {
-  uint64_t state = seed_ * 0x9E3779B97F4A7C15ULL + index;
+  uint64_t state = seed_ * 0x9E3779B97F4A7C15ULL + (first_index_ + index);
   splitmix64(state);
   if (length <= 0) return;
   auto vocab = static_cast<uint64_t>(vocab_);
@@ -32,8 +36,9 @@ void SyntheticSource::sample(uint64_t index, int64_t length, int64_t* out) const
 }
 
 std::string SyntheticSource::describe() const {
-  return format("synthetic bigram data: vocab %ld, branching %ld, loss floor ln(%ld) = %.4f", static_cast<long>(vocab_),
-                static_cast<long>(branching_), static_cast<long>(branching_),
+  return format("synthetic bigram data%s: vocab %ld, branching %ld, loss floor ln(%ld) = %.4f",
+                first_index_ != 0 ? " (validation stream: samples training never draws)" : "",
+                static_cast<long>(vocab_), static_cast<long>(branching_), static_cast<long>(branching_),
                 std::log(static_cast<double>(branching_)));
 }
 

@@ -5,7 +5,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <stdexcept>
@@ -235,12 +237,76 @@ TokenFileSource::~TokenFileSource() {
   if (map_ != nullptr) ::munmap(map_, map_size_);
 }
 
-void TokenFileSource::sample(uint64_t index, int64_t length, int64_t* out) const {
+TokenFileSource::TokenFileSource(const std::string& path, uint64_t seed, const TokenFileShare& share)
+    : TokenFileSource(path, seed) {
+  share_ = share;
+  if (share.held_out == 0) return;
+  if (!(share.held_out > 0 && share.held_out < 1) || share.block_tokens < 1)
+    throw std::invalid_argument(cat("token file share: held_out ", share.held_out, " must lie in [0, 1), block_tokens ",
+                                    share.block_tokens, " must be positive"));
+  const auto block = static_cast<uint64_t>(share.block_tokens);
+  const uint64_t blocks = num_tokens_ / block + (num_tokens_ % block != 0 ? 1 : 0);
+  const auto held =
+      std::max<uint64_t>(1, static_cast<uint64_t>(std::llround(share.held_out * static_cast<double>(blocks))));
+  if (held >= blocks)
+    throw InputError(cat("validation.split: holding out ", share.held_out, " of token file ", path, " (", num_tokens_,
+                         " tokens in ", blocks, " block(s) of ", block, ") leaves no block for training: lower ",
+                         "validation.split_block or validation.split"));
+  // Robert Floyd's sampling of `held` distinct blocks: one draw per held-out block and one bit
+  // per block, where a shuffled list of every block would cost 8 bytes each.
+  held_out_.assign(blocks, false);
+  uint64_t state = share.split_seed ^ 0x5B17B10C5ULL;
+  for (uint64_t j = blocks - held; j < blocks; ++j) {
+    const uint64_t t = splitmix64(state) % (j + 1);
+    held_out_[held_out_[t] ? j : t] = true;
+  }
+  for (uint64_t b = 0; b < blocks; ++b) {
+    if (held_out_[b] != share.validation) continue;
+    const uint64_t first = b * block, tokens = std::min(block, num_tokens_ - first);
+    if (!spans_.empty() && spans_.back().first + spans_.back().tokens == first)
+      spans_.back().tokens += tokens;
+    else
+      spans_.push_back({first, tokens});
+  }
+}
+
+const std::vector<uint64_t>& TokenFileSource::window_starts(uint64_t length) const {
+  std::lock_guard<std::mutex> lock(starts_mutex_);
+  auto [it, fresh] = starts_.try_emplace(length);
+  if (!fresh) return it->second;
+  // The running count stays below the token count, so it cannot wrap.
+  uint64_t total = 0;
+  for (const Span& span : spans_) {
+    if (span.tokens >= length) total += span.tokens - length + 1;
+    it->second.push_back(total);
+  }
+  if (total == 0) {
+    starts_.erase(it);
+    uint64_t longest = 0;
+    for (const Span& span : spans_) longest = std::max(longest, span.tokens);
+    throw InputError(cat("token file ", path_, ": no ", share_.validation ? "held-out" : "training",
+                         " run of blocks holds a sample of ", length, " tokens (the longest has ", longest,
+                         "): raise validation.split_block or lower the sequence length"));
+  }
+  return it->second;
+}
+
+uint64_t TokenFileSource::sample_start(uint64_t index, int64_t length) const {
   auto len = static_cast<uint64_t>(length);
-  if (len > num_tokens_)
+  if (length < 1 || len > num_tokens_)
     throw InputError(cat("token file ", path_, " holds ", num_tokens_, " tokens, fewer than one sample of ", len));
   uint64_t state = seed_ * 0x9E3779B97F4A7C15ULL + index;
-  uint64_t start = splitmix64(state) % (num_tokens_ - len + 1);
+  const uint64_t draw = splitmix64(state);
+  if (share_.held_out == 0) return draw % (num_tokens_ - len + 1);
+  const std::vector<uint64_t>& starts = window_starts(len);
+  const uint64_t u = draw % starts.back();
+  const auto span = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), u) - starts.begin());
+  return spans_[span].first + (u - (span == 0 ? 0 : starts[span - 1]));
+}
+
+void TokenFileSource::sample(uint64_t index, int64_t length, int64_t* out) const {
+  auto len = static_cast<uint64_t>(length);
+  const uint64_t start = sample_start(index, length);
   for (uint64_t t = 0; t < len; ++t) {
     const unsigned char* p = tokens_ + (start + t) * width_;
     if (width_ == 2) {
@@ -264,6 +330,13 @@ std::string TokenFileSource::describe() const {
     text += cat(", EOS id ", *eos_, ", ", num_documents_, " documents");
   else if (num_documents_ > 0)
     text += cat(", ", num_documents_, " documents");
+  if (share_.held_out > 0) {
+    size_t held = 0;
+    for (bool b : held_out_) held += b ? 1 : 0;
+    text += cat("; ", share_.validation ? "held-out share: " : "training share: ",
+                share_.validation ? held : held_out_.size() - held, " of ", held_out_.size(), " blocks of ",
+                share_.block_tokens, " tokens");
+  }
   return text;
 }
 

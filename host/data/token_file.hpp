@@ -14,6 +14,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -68,16 +70,34 @@ class TokenFileWriter {
   bool open_ = false;
 };
 
+/// Which part of a token file a source reads. With held_out > 0 the file is cut into blocks of
+/// block_tokens tokens and a share of the blocks, chosen by split_seed alone, is held out: the
+/// validation side reads only held-out blocks, the training side only the others.
+struct TokenFileShare {
+  double held_out = 0;          ///< share of the blocks held out, in [0, 1)
+  int64_t block_tokens = 8192;  ///< tokens per block (the last block may be shorter)
+  uint64_t split_seed = 0;      ///< chooses the held-out blocks
+  bool validation = false;      ///< read the held-out blocks (else the training ones)
+};
+
 /// A memory-mapped token file; samples are windows at offsets drawn from (seed, index).
 class TokenFileSource final : public TokenSource {
  public:
   /// Opens and validates `path`; throws InputError naming the file and what is wrong.
   TokenFileSource(const std::string& path, uint64_t seed);
+  /// Opens `path` and reads only one side of its held-out split (the whole file when
+  /// share.held_out is 0); throws InputError when the split leaves a side without blocks.
+  TokenFileSource(const std::string& path, uint64_t seed, const TokenFileShare& share);
   ~TokenFileSource() override;
   TokenFileSource(const TokenFileSource&) = delete;
   TokenFileSource& operator=(const TokenFileSource&) = delete;
 
   void sample(uint64_t index, int64_t length, int64_t* out) const override;
+  /// The token offset of sample `index`'s window of `length` tokens: uniform over every window
+  /// that lies inside this source's side of the split.
+  uint64_t sample_start(uint64_t index, int64_t length) const;
+  /// Whether block `block` (of share.block_tokens tokens) is held out; false without a split.
+  bool held_out(uint64_t block) const { return block < held_out_.size() && held_out_[block]; }
   int64_t vocab_size() const override { return static_cast<int64_t>(vocab_); }
   std::string describe() const override;
   std::optional<int64_t> eos_id() const override { return eos_; }
@@ -97,6 +117,18 @@ class TokenFileSource final : public TokenSource {
   uint64_t vocab_ = 0;
   std::optional<int64_t> eos_;
   uint64_t num_documents_ = 0;
+
+  // The split: one bit per block, the spans (first token, tokens) of this side's runs of
+  // consecutive blocks, and per sample length the running count of window starts in them.
+  struct Span {
+    uint64_t first = 0, tokens = 0;
+  };
+  const std::vector<uint64_t>& window_starts(uint64_t length) const;
+  TokenFileShare share_;
+  std::vector<bool> held_out_;
+  std::vector<Span> spans_;
+  mutable std::mutex starts_mutex_;
+  mutable std::map<uint64_t, std::vector<uint64_t>> starts_;
 };
 
 }  // namespace keel

@@ -24,6 +24,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::vector<int64_t> out(64);
     for (int64_t length : {int64_t{1}, longest})
       for (uint64_t index = 0; index < 4 && length > 0; ++index) source.sample(index, length, out.data());
+    // The held-out split (validation.split) of the same file: each side's windows stay in its
+    // own blocks. A file too small to split is refused (InputError), never sampled across.
+    for (bool validation : {false, true}) {
+      keel::TokenFileShare share;
+      share.held_out = 0.25;
+      share.block_tokens = 8;
+      share.split_seed = 3;
+      share.validation = validation;
+      keel::TokenFileSource side(path, /*seed=*/7, share);
+      for (uint64_t index = 0; index < 4; ++index) {
+        const uint64_t start = side.sample_start(index, 4);
+        for (uint64_t block = start / 8; block <= (start + 3) / 8; ++block)
+          if (side.held_out(block) != validation) throw std::logic_error("a window crossed the held-out split");
+        side.sample(index, 4, out.data());
+      }
+    }
   });
   return 0;
 }
