@@ -1,8 +1,12 @@
 #include "pipeline/pipeline_runner.hpp"
 
+#include <c10/core/GradMode.h>
+
 #include <chrono>
+#include <deque>
 #include <memory>
 #include <stdexcept>
+#include <utility>
 
 #include "common/text.hpp"
 #include "device/autocast.hpp"
@@ -43,6 +47,17 @@ at::Tensor PipelineRunner::receive(const std::vector<int64_t>& shape, int peer, 
   return buffer;
 }
 
+at::Tensor PipelineRunner::outgoing(at::Tensor output, const std::vector<int64_t>& shape) const {
+  // The stream between stages is fp32 whatever a part computes in (a differentiable cast).
+  if (output.is_floating_point() && output.scalar_type() != at::kFloat) output = output.to(at::kFloat);
+  if (output.sizes() != at::IntArrayRef(shape) || output.scalar_type() != activation_options_.dtype())
+    throw std::runtime_error(cat("pipeline: stage ", stage_, " produced an activation of shape ", output.sizes(),
+                                 " and dtype ", output.scalar_type(), "; the next stage expects ",
+                                 at::IntArrayRef(shape), " of ", activation_options_.dtype(),
+                                 " (batch, seq, the model's hidden_size)"));
+  return output;
+}
+
 at::Tensor PipelineRunner::run(const std::vector<at::Tensor>& tokens, const std::vector<at::Tensor>& labels,
                                double loss_divisor) {
   const auto microbatches = static_cast<int>(tokens.size());
@@ -76,13 +91,7 @@ at::Tensor PipelineRunner::run(const std::vector<at::Tensor>& tokens, const std:
         loss_total.add_(f.output.detach());
         continue;
       }
-      // The stream between stages is fp32 whatever a part computes in (a differentiable cast).
-      if (f.output.is_floating_point() && f.output.scalar_type() != at::kFloat) f.output = f.output.to(at::kFloat);
-      if (f.output.sizes() != at::IntArrayRef(shape) || f.output.scalar_type() != activation_options_.dtype())
-        throw std::runtime_error(cat("pipeline: stage ", stage_, " produced an activation of shape ", f.output.sizes(),
-                                     " and dtype ", f.output.scalar_type(), "; the next stage expects ",
-                                     at::IntArrayRef(shape), " of ", activation_options_.dtype(),
-                                     " (batch, seq, the model's hidden_size)"));
+      f.output = outgoing(f.output, shape);
       sends.push_back(pp_.isend(f.output.detach(), stage_ + 1, activation_tag(mb)));
     } else {
       at::Tensor grad;
@@ -104,6 +113,42 @@ at::Tensor PipelineRunner::run(const std::vector<at::Tensor>& tokens, const std:
   for (auto& work : sends)
     if (work) work->wait();
   timing_.total_seconds = seconds_since(start);
+  return loss_total;
+}
+
+at::Tensor PipelineRunner::evaluate(const std::vector<at::Tensor>& tokens, const std::vector<at::Tensor>& labels) {
+  c10::NoGradGuard no_grad;
+  const auto microbatches = static_cast<int>(tokens.size());
+  const bool first = stage_ == 0, last = stage_ == stages_ - 1;
+  at::Tensor loss_total = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
+  // Sends complete in order (the next stage receives in microbatch order); waiting for the one
+  // before last bounds the activations alive to two whatever the number of microbatches.
+  std::deque<std::pair<std::unique_ptr<Work>, at::Tensor>> sends;
+  for (int mb = 0; mb < microbatches; ++mb) {
+    const at::Tensor& mb_tokens = tokens[static_cast<size_t>(mb)];
+    const std::vector<int64_t> shape = {mb_tokens.size(0), mb_tokens.size(1), hidden_size_};
+    at::Tensor input;
+    if (!first) input = receive(shape, stage_ - 1, activation_tag(mb));
+    at::Tensor output;
+    {
+      AutocastScope autocast(device_, compute_dtype_);
+      output = part_.forward(mb_tokens.to(device_), labels[static_cast<size_t>(mb)].to(device_),
+                             first ? nullptr : &input, mb, microbatches);
+    }
+    if (last) {
+      loss_total.add_(output);
+      continue;
+    }
+    if (sends.size() == 2) {
+      if (sends.front().first) sends.front().first->wait();
+      sends.pop_front();
+    }
+    output = outgoing(output, shape);
+    std::unique_ptr<Work> work = pp_.isend(output, stage_ + 1, activation_tag(mb));
+    sends.emplace_back(std::move(work), output);
+  }
+  for (auto& [work, kept] : sends)
+    if (work) work->wait();
   return loss_total;
 }
 

@@ -35,11 +35,17 @@ class PipelineRunner {
   /// `loss_divisor` before its backward. Returns the sum of the last stage's (undivided) loss
   /// sums as a 0-dim fp32 device tensor, zero on other stages. [collective: pp]
   at::Tensor run(const std::vector<at::Tensor>& tokens, const std::vector<at::Tensor>& labels, double loss_divisor);
+  /// Runs the forward pass of every microbatch in microbatch order, without autograd (the
+  /// forward-only schedule of an evaluation: nothing is kept for a backward pass, and an
+  /// activation is dropped once sent). Returns the sum of the last stage's loss sums as a 0-dim
+  /// fp32 device tensor, zero on other stages. [collective: pp]
+  at::Tensor evaluate(const std::vector<at::Tensor>& tokens, const std::vector<at::Tensor>& labels);
   /// The timing of the last run().
   const ScheduleTiming& timing() const { return timing_; }
 
  private:
   at::Tensor receive(const std::vector<int64_t>& shape, int peer, int tag);
+  at::Tensor outgoing(at::Tensor output, const std::vector<int64_t>& shape) const;
 
   ModelPart& part_;
   Group& pp_;
