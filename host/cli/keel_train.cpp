@@ -49,6 +49,16 @@ int train(const keel::RunOptions& options) {
   std::string line = keel::join(parts, ", ");
   if (summary.loss_floor) line.append(keel::format("; the data's next-token loss floor is %.4f", *summary.loss_floor));
   if (writer) keel::log_info(line);
+  if (writer && summary.last_validation) {
+    const keel::Evaluation& first = *summary.first_validation;
+    const keel::Evaluation& last = *summary.last_validation;
+    std::vector<std::string> figures = {keel::format("validation: val_loss %.4f (step %ld) -> %.4f (step %ld)",
+                                                     first.loss, static_cast<long>(first.step), last.loss,
+                                                     static_cast<long>(last.step))};
+    for (const auto& [name, value] : last.metrics)
+      if (name.find("loss") != std::string::npos) figures.push_back(keel::format("%s %.4f", name.c_str(), value));
+    keel::log_info(keel::join(figures, ", "));
+  }
   return 0;
 }
 

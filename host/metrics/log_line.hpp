@@ -19,8 +19,9 @@ struct LogFigure {
   double value;
 };
 
-/// The plugin metrics as the log shows them, in name order: a family of two or more metrics
-/// sharing the name before the first '.' becomes one "<name> max" figure (NaN if any is NaN).
+/// The plugin metrics as the log shows them, in name order: a family of two or more dotted names
+/// sharing the part before the first '.' (per-layer figures) becomes one "<name> max" figure (NaN
+/// if any is NaN), unless each member is simply numbered ("mtp_loss.1": per depth, all shown).
 std::vector<LogFigure> log_figures(const std::map<std::string, double>& metrics);
 
 /// The log lines of `record`: the host's figures (step first), then the plugins' (and a

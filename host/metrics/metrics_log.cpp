@@ -38,6 +38,7 @@ void MetricsLog::write(const StepRecord& r) {
   j["peak_memory_bytes"] = json_number(r.peak_memory_bytes);
   j["skipped"] = r.skipped;
   for (const auto& [name, value] : r.plugin_metrics) j[name] = json_number(value);
+  for (const auto& [name, value] : r.validation) j[name] = json_number(value);
   *jsonl_ << j.dump() << '\n';
   jsonl_->flush();
 }

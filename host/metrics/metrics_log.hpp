@@ -18,6 +18,9 @@ struct StepRecord {
   double peak_memory_bytes = 0;
   bool skipped = false;  ///< the update was skipped (non-finite gradients)
   std::map<std::string, double> plugin_metrics;
+  /// The evaluation after this step, if any: "val_loss", the model's "val_<name>" figures,
+  /// "val_tokens" and "val_seconds".
+  std::map<std::string, double> validation;
 };
 
 /// Writes step records to the log and to metrics.jsonl.

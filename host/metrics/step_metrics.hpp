@@ -25,6 +25,11 @@ class StepMetrics {
   /// The values of this step over every rank of `world`: MEAN averages all reports of all
   /// ranks, SUM adds them, MAX takes the largest, LAST the lowest rank's. [collective: world]
   std::map<std::string, double> resolve_across(Group& world) const;
+  /// Exchanges the reports of this and `other` (an evaluation collects its own meanwhile).
+  void swap(StepMetrics& other) {
+    std::scoped_lock lock(mutex_, other.mutex_);
+    entries_.swap(other.entries_);
+  }
   /// Forgets this step's reports.
   void clear() {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -1,5 +1,6 @@
 #include "train/step_log.hpp"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "device/device.hpp"
@@ -24,6 +25,7 @@ std::vector<std::pair<std::string, double>> scalars(const StepRecord& r) {
                                                      {"tokens_per_second", r.tokens_per_second},
                                                      {"peak_memory_bytes", r.peak_memory_bytes}};
   out.insert(out.end(), r.plugin_metrics.begin(), r.plugin_metrics.end());
+  out.insert(out.end(), r.validation.begin(), r.validation.end());
   return out;
 }
 
@@ -45,10 +47,12 @@ bool StepLog::logs(int64_t step) const {
 }
 
 StepRecord StepLog::write(int64_t step, double loss, double lr, const at::Tensor& grad_norm,
-                          const at::Tensor& found_inf) {
+                          const at::Tensor& found_inf, const Evaluation* validation) {
   const JobConfig& c = job_.config();
   synchronize(job_.device());
-  const double seconds = std::chrono::duration<double>(clock::now() - interval_start_).count();
+  if (validation != nullptr) excluded_seconds_ += validation->seconds;
+  const double seconds =
+      std::max(std::chrono::duration<double>(clock::now() - interval_start_).count() - excluded_seconds_, 0.0);
   const double tokens_per_step = static_cast<double>(c.training.global_batch * c.training.seq_len);
   StepRecord r;
   r.step = step;
@@ -61,10 +65,16 @@ StepRecord StepLog::write(int64_t step, double loss, double lr, const at::Tensor
   r.peak_memory_bytes = peak_memory_bytes(job_.device());
   r.skipped = found_inf.item<float>() != 0.0f;
   r.plugin_metrics = job_.step_metrics().resolve_across(job_.mesh().group(KEEL_GROUP_WORLD));
+  if (validation != nullptr) {
+    r.validation = validation->figures();
+    r.validation["val_tokens"] = static_cast<double>(validation->tokens);
+    r.validation["val_seconds"] = validation->seconds;
+  }
   if (writer_) log_.write(r);
   if (tensorboard_) tensorboard_->write_step(step, scalars(r));
   interval_start_ = clock::now();
   interval_steps_ = 0;
+  excluded_seconds_ = 0;
   return r;
 }
 

@@ -10,6 +10,7 @@
 
 #include "metrics/metrics_log.hpp"
 #include "metrics/tensorboard_writer.hpp"
+#include "train/evaluator.hpp"
 #include "train/job.hpp"
 
 namespace keel {
@@ -27,8 +28,10 @@ class StepLog {
   /// Counts a finished step into the interval of the next logged one.
   void count_step() { ++interval_steps_; }
   /// Logs step `step` (waits for the device) and starts the next interval; returns the record.
-  /// [collective: world]
-  StepRecord write(int64_t step, double loss, double lr, const at::Tensor& grad_norm, const at::Tensor& found_inf);
+  /// `validation`, the evaluation after the step if there was one, joins the record and leaves
+  /// its time out of the throughput. [collective: world]
+  StepRecord write(int64_t step, double loss, double lr, const at::Tensor& grad_norm, const at::Tensor& found_inf,
+                   const Evaluation* validation = nullptr);
 
  private:
   using clock = std::chrono::steady_clock;
@@ -40,6 +43,7 @@ class StepLog {
   std::optional<TensorBoardWriter> tensorboard_;  ///< on the writer, with metrics.tensorboard
   clock::time_point interval_start_;
   int64_t interval_steps_ = 0;
+  double excluded_seconds_ = 0;  ///< evaluations since interval_start_
 };
 
 }  // namespace keel

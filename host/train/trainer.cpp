@@ -14,43 +14,13 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "common/text.hpp"
-#include "data/synthetic_source.hpp"
-#include "data/token_file.hpp"
 #include "device/device.hpp"
+#include "train/data_sources.hpp"
 #include "train/replica_guard.hpp"
 
 namespace keel {
 
 namespace {
-
-std::unique_ptr<TokenSource> open_source(Job& job) {
-  const DataSection& data = job.config().data;
-  int64_t vocab = job.model().info().vocab_size;
-  ConfigSection section(job.tree(), "data");
-  if (data.source == "tokens") {
-    auto source = std::make_unique<TokenFileSource>(data.path, data.seed);
-    if (source->vocab_size() > vocab)
-      section.invalid(
-          "path", cat("the token file's vocabulary (", source->vocab_size(), ") exceeds the model's (", vocab, ")"));
-    return source;
-  }
-  if (data.branching > vocab)
-    section.invalid("branching", cat("must not exceed the model's vocabulary (", vocab, "), got ", data.branching));
-  return std::make_unique<SyntheticSource>(vocab, data.branching, data.seed);
-}
-
-// The EOS id after which labels are ignored, from data.documents and what the source records.
-std::optional<int64_t> document_end(Job& job, const TokenSource& source) {
-  const DataSection& data = job.config().data;
-  if (data.documents == "none") return std::nullopt;
-  const std::optional<int64_t> eos = source.eos_id();
-  if (data.documents == "eos" && !eos)
-    ConfigSection(job.tree(), "data")
-        .invalid("documents", cat("\"eos\" needs an EOS id, and the token file ", data.path,
-                                  " has none (rebuild it with keel-data build --tokenizer, or set data.documents = "
-                                  "\"none\")"));
-  return eos;
-}
 
 bool decays(const std::string& fqn, const std::vector<std::string>& no_decay) {
   for (const std::string& pattern : no_decay)
@@ -134,7 +104,7 @@ void Trainer::build_step_program() {
 void Trainer::open_data() {
   const JobConfig& c = job_.config();
   const MeshLayout& mesh = job_.mesh().layout();
-  source_ = open_source(job_);
+  source_ = open_training_source(job_);
   const std::optional<int64_t> eos = document_end(job_, *source_);
   if (mesh.rank == 0)
     log_info(eos ? cat("documents: no label crosses a document end (labels after EOS id ", *eos, " are ignored)")
@@ -146,6 +116,8 @@ void Trainer::open_data() {
   runner_ = std::make_unique<PipelineRunner>(
       *job_.parts().front(), job_.mesh().group(KEEL_GROUP_PP), c.parallelism.schedule, c.parallelism.microbatches,
       job_.model().info().hidden_size, c.training.dtype == "bf16" ? at::kBFloat16 : at::kFloat, job_.device());
+  if (c.validation.interval > 0)
+    evaluator_ = std::make_unique<Evaluator>(job_, *runner_, open_validation_source(job_, *source_), eos);
 }
 
 Trainer::~Trainer() = default;

@@ -23,6 +23,7 @@
 #include "optim/lr_schedule.hpp"
 #include "optim/step_program.hpp"
 #include "pipeline/pipeline_runner.hpp"
+#include "train/evaluator.hpp"
 #include "train/job.hpp"
 #include "train/train_state.hpp"
 
@@ -40,6 +41,7 @@ struct RunSummary {
   std::string run_id;           ///< recorded in every checkpoint this run saves
   std::string save_failure;     ///< the failed save that stopped the run (checkpoint.on_save_failure = "stop")
   int64_t replica_checks = 0;   ///< replica-guard passes (each compared every copy of every parameter)
+  std::optional<Evaluation> first_validation, last_validation;  ///< this run's first and last evaluations
 };
 
 /// Trains a built Job.
@@ -62,6 +64,9 @@ class Trainer {
   void save_checkpoint(int64_t step) { state_->save(step); }
   /// The total gradient norm of the last step (reads the device).
   double last_grad_norm() const { return last_norm_.item<double>(); }
+  /// Evaluates the weights after `step` on the validation data (needs validation.interval > 0).
+  /// [collective: world]
+  Evaluation evaluate(int64_t step);
   /// The optimizer (for tests and checkpoints).
   const AdamW& optimizer() const { return *optimizer_; }
   /// With `on`, every step waits for the device around the step program and times it (for
@@ -110,6 +115,7 @@ class Trainer {
   std::vector<const keel_param_info*> param_infos_;
   std::unique_ptr<GradientBuckets> grads_;
   std::unique_ptr<PipelineRunner> runner_;
+  std::unique_ptr<Evaluator> evaluator_;  ///< with validation.interval > 0
   std::unique_ptr<TokenSource> source_;
   std::unique_ptr<BatchStream> stream_;
   std::unique_ptr<AdamW> optimizer_;

@@ -2,6 +2,8 @@
 // the run (the last checkpoint, the final weights, a failed save's verdict).
 #include <csignal>
 #include <filesystem>
+#include <optional>
+#include <stdexcept>
 
 #include "common/log.hpp"
 #include "common/text.hpp"
@@ -25,7 +27,17 @@ void remember(RunSummary& summary, const StepRecord& record, bool first) {
   summary.final_metrics = record.plugin_metrics;
 }
 
+void remember(RunSummary& summary, const Evaluation& evaluation) {
+  if (!summary.first_validation) summary.first_validation = evaluation;
+  summary.last_validation = evaluation;
+}
+
 }  // namespace
+
+Evaluation Trainer::evaluate(int64_t step) {
+  if (!evaluator_) throw std::logic_error("evaluate: validation.interval is 0");
+  return evaluator_->run(step);
+}
 
 RunSummary Trainer::run() {
   const int64_t last = job_.config().training.steps, checkpoint_interval = job_.config().checkpoint.interval;
@@ -35,13 +47,19 @@ RunSummary Trainer::run() {
   log_info(source_->describe());
   StepLog log(job_, start_step_);
   install_stop_handlers();
+  if (evaluator_ && job_.mesh().layout().rank == 0) log_info(evaluator_->describe());
   for (int64_t s = start_step_ + 1; s <= last; ++s) {
-    const bool logged = log.logs(s);
+    const bool evaluated = evaluator_ && evaluator_->due(s);
+    const bool logged = log.logs(s) || evaluated;  // an evaluation's figures join its step's record
     const double lr = schedule_->at(s);
     const double loss = step(s, /*read_loss=*/logged);
     log.count_step();
     summary.steps_done = s;
-    if (logged) remember(summary, log.write(s, loss, lr, last_norm_, last_found_inf_), s == start_step_ + 1);
+    std::optional<Evaluation> validation;
+    if (evaluated) remember(summary, validation.emplace(evaluate(s)));
+    if (logged)
+      remember(summary, log.write(s, loss, lr, last_norm_, last_found_inf_, validation ? &*validation : nullptr),
+               s == start_step_ + 1);
     if (checkpoint_interval > 0 && s % checkpoint_interval == 0) checkpoint(s);
     if (stops_after(s, summary)) {
       if (!logged) summary.final_loss = last_loss_.item<double>();

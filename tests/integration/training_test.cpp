@@ -68,6 +68,40 @@ TEST(Training, LossFallsTowardsTheSyntheticFloor) {
   EXPECT_GT(end, floor - 0.05);  // never below the floor (beyond sampling noise)
 }
 
+// Trains `steps` steps and evaluates after step 1 and every `every` steps.
+std::vector<Evaluation> train_and_evaluate(std::vector<std::string> overrides, int64_t steps, int64_t every) {
+  test::TempDir dir;
+  test::write_file(dir / "job.toml", kJob);
+  RunOptions options;
+  options.config_path = dir / "job.toml";
+  options.plugin_dirs = {test::plugin_dir()};
+  overrides.push_back("job.run_dir=\"" + dir.path() + "/run\"");
+  overrides.push_back("validation.interval=" + std::to_string(every));
+  options.overrides = overrides;
+  Job job(options, false);
+  Trainer trainer(job);
+  std::vector<Evaluation> evaluations;
+  for (int64_t s = 1; s <= steps; ++s) {
+    trainer.step(s, false);
+    if (s == 1 || s % every == 0) evaluations.push_back(trainer.evaluate(s));
+  }
+  return evaluations;
+}
+
+// The held-out loss (validation stream of the same synthetic source: samples training never
+// draws) falls to the same floor: no bigram of the held-out samples is unseen, so a model that
+// learnt the source, not its training samples, reaches ln(branching) there too.
+TEST(Training, ValidationLossApproachesTheSyntheticFloor) {
+  const std::vector<Evaluation> evaluations = train_and_evaluate({"validation.steps=4"}, 120, 60);
+  const double floor = std::log(4.0);
+  EXPECT_GT(evaluations.front().loss, std::log(256.0) - 0.5);
+  EXPECT_LT(evaluations.back().loss, floor + 0.35) << "first " << evaluations.front().loss << ", floor " << floor;
+  EXPECT_GT(evaluations.back().loss, floor - 0.05);
+  EXPECT_LT(evaluations.back().loss, evaluations[1].loss + 1e-9);
+  // 4 batches of 16 samples of 32 tokens, every position labelled.
+  EXPECT_EQ(evaluations.back().tokens, 4 * 16 * 32);
+}
+
 TEST(Training, SameSeedGivesBitwiseIdenticalLossesAndWeights) {
   TrainedRun a = train({}, 8), b = train({}, 8), c = train({"training.seed=6"}, 8);
   ASSERT_EQ(a.losses.size(), b.losses.size());
@@ -107,6 +141,29 @@ TEST(Training, TrainsFromAMemoryMappedTokenFile) {
   write_token_file(dir / "tokens.bin", tokens, 256);
   TrainedRun run = train({"data.source=\"tokens\"", "data.path=\"" + (dir / "tokens.bin") + "\""}, 30);
   EXPECT_LT(run.losses.back(), run.losses.front() - 1.0);
+}
+
+// A held-out tenth of a token file (blocks of 512 tokens training never reads; the unit tests
+// check the windows) and a separate validation file both evaluate, and the loss on either
+// falls as the model learns the file's rule.
+TEST(Training, EvaluatesOnAHeldOutSplitOfATokenFileOrOnAFileOfItsOwn) {
+  test::TempDir dir;
+  std::vector<uint32_t> tokens, other;
+  for (uint32_t i = 0; i < 20000; ++i) tokens.push_back((i * 7 + i / 13) % 256);
+  for (uint32_t i = 50000; i < 54000; ++i) other.push_back((i * 7 + i / 13) % 256);
+  write_token_file(dir / "tokens.bin", tokens, 256);
+  write_token_file(dir / "other.bin", other, 256);
+  const std::vector<std::string> data = {"data.source=\"tokens\"", "data.path=\"" + (dir / "tokens.bin") + "\""};
+  std::vector<std::string> split = data, file = data;
+  split.insert(split.end(), {"validation.split=0.1", "validation.split_block=512"});
+  file.push_back("validation.data=\"" + (dir / "other.bin") + "\"");
+  for (const auto& [name, overrides] : {std::pair{"split", split}, std::pair{"file", file}}) {
+    const std::vector<Evaluation> evaluations = train_and_evaluate(overrides, 30, 30);
+    ASSERT_EQ(evaluations.size(), 2u);
+    EXPECT_TRUE(std::isfinite(evaluations.back().loss)) << name;
+    EXPECT_LT(evaluations.back().loss, evaluations.front().loss - 1.0) << name;
+    EXPECT_EQ(evaluations.back().tokens, 16 * 32) << name;
+  }
 }
 
 // Documents of four tokens a, 64 + a, 128 + a, EOS (255), `a` drawn from 64 values: within a

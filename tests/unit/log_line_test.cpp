@@ -29,6 +29,17 @@ TEST(LogLine, APerLayerFamilyShowsItsMaximumAndLoneNamesStay) {
   EXPECT_EQ(figures[4].label, "routing.entropy");  // alone: not a family
 }
 
+TEST(LogLine, PerDepthFiguresStayApartFromTheirTotal) {
+  const std::vector<LogFigure> figures =
+      log_figures({{"mtp_loss", 2.5}, {"mtp_loss.1", 2.25}, {"mtp_loss.2", 2.75}, {"val.x", 1.0}});
+  ASSERT_EQ(figures.size(), 4u);
+  EXPECT_EQ(figures[0].label, "mtp_loss");
+  EXPECT_EQ(figures[0].value, 2.5);
+  EXPECT_EQ(figures[1].label, "mtp_loss.1");
+  EXPECT_EQ(figures[2].label, "mtp_loss.2");
+  EXPECT_EQ(figures[2].value, 2.75);
+}
+
 TEST(LogLine, ANanInAFamilyIsNotHidden) {
   const std::vector<LogFigure> figures = log_figures({{"load.a", 1.0}, {"load.b", std::nan("")}, {"load.c", 3.0}});
   ASSERT_EQ(figures.size(), 1u);
@@ -70,6 +81,24 @@ TEST(LogLine, FiguresThatFitStayOnTheFirstLine) {
   const std::vector<std::string> lines = step_lines(r, 120);
   ASSERT_EQ(lines.size(), 1u) << lines[0] << "\n" << lines.back();
   EXPECT_NE(lines[0].find(" | lm_loss 1.5000"), std::string::npos) << lines[0];
+}
+
+TEST(LogLine, AnEvaluationGetsItsOwnLine) {
+  StepRecord r;
+  r.step = 40;
+  r.total_steps = 100;
+  r.plugin_metrics = {{"lm_loss", 1.5}};
+  r.validation = {{"val_loss", 2.3125},    {"val_lm_loss", 2.25}, {"val_mtp_loss", 2.5},
+                  {"val_mtp_loss.1", 2.5}, {"val_tokens", 4096},  {"val_seconds", 0.125}};
+  const std::vector<std::string> lines = step_lines(r, 100);
+  size_t v = 0;
+  while (v < lines.size() && lines[v].rfind("validation", 0) != 0) ++v;
+  ASSERT_EQ(lines.size(), v + 2) << lines[0];
+  EXPECT_EQ(lines[v] + "\n" + lines[v + 1],
+            "validation after step 40: val_loss 2.3125 | val_lm_loss 2.2500 | val_mtp_loss 2.5000\n"
+            "  val_mtp_loss.1 2.5000 | " +
+                human_count(4096) + " tokens in 0.125 s");
+  for (size_t i = 0; i < v; ++i) EXPECT_EQ(lines[i].find("val_"), std::string::npos) << lines[i];
 }
 
 }  // namespace

@@ -1,0 +1,76 @@
+#include "train/data_sources.hpp"
+
+#include "common/text.hpp"
+#include "data/synthetic_source.hpp"
+#include "data/token_file.hpp"
+
+namespace keel {
+
+namespace {
+
+void check_vocabulary(Job& job, const TokenSource& source, const std::string& section, const std::string& key) {
+  const int64_t vocab = job.model().info().vocab_size;
+  if (source.vocab_size() > vocab)
+    ConfigSection(job.tree(), section)
+        .invalid(key, cat("the token file's vocabulary (", source.vocab_size(), ") exceeds the model's (", vocab, ")"));
+}
+
+TokenFileShare share(const JobConfig& c, bool validation) {
+  TokenFileShare s;
+  s.held_out = c.validation.split;
+  s.block_tokens = c.validation.split_block;
+  s.split_seed = c.data.seed;
+  s.validation = validation;
+  return s;
+}
+
+}  // namespace
+
+std::unique_ptr<TokenSource> open_training_source(Job& job) {
+  const JobConfig& c = job.config();
+  const int64_t vocab = job.model().info().vocab_size;
+  if (c.data.source == "tokens") {
+    auto source = std::make_unique<TokenFileSource>(c.data.path, c.data.seed, share(c, /*validation=*/false));
+    check_vocabulary(job, *source, "data", "path");
+    return source;
+  }
+  if (c.data.branching > vocab)
+    ConfigSection(job.tree(), "data")
+        .invalid("branching", cat("must not exceed the model's vocabulary (", vocab, "), got ", c.data.branching));
+  return std::make_unique<SyntheticSource>(vocab, c.data.branching, c.data.seed);
+}
+
+std::unique_ptr<TokenSource> open_validation_source(Job& job, const TokenSource& training) {
+  const JobConfig& c = job.config();
+  std::unique_ptr<TokenSource> source;
+  if (!c.validation.data.empty()) {
+    source = std::make_unique<TokenFileSource>(c.validation.data, c.data.seed);
+    check_vocabulary(job, *source, "validation", "data");
+    if (source->eos_id() != training.eos_id())
+      ConfigSection(job.tree(), "validation")
+          .invalid("data",
+                   cat("records EOS id ", source->eos_id() ? std::to_string(*source->eos_id()) : std::string("(none)"),
+                       ", the training data ", c.data.path, " records ",
+                       training.eos_id() ? std::to_string(*training.eos_id()) : std::string("(none)"),
+                       ": both must come from one tokenizer"));
+    return source;
+  }
+  if (c.data.source == "tokens")
+    return std::make_unique<TokenFileSource>(c.data.path, c.data.seed, share(c, /*validation=*/true));
+  return std::make_unique<SyntheticSource>(job.model().info().vocab_size, c.data.branching, c.data.seed,
+                                           /*validation=*/true);
+}
+
+std::optional<int64_t> document_end(Job& job, const TokenSource& source) {
+  const DataSection& data = job.config().data;
+  if (data.documents == "none") return std::nullopt;
+  const std::optional<int64_t> eos = source.eos_id();
+  if (data.documents == "eos" && !eos)
+    ConfigSection(job.tree(), "data")
+        .invalid("documents", cat("\"eos\" needs an EOS id, and the token file ", data.path,
+                                  " has none (rebuild it with keel-data build --tokenizer, or set data.documents = "
+                                  "\"none\")"));
+  return eos;
+}
+
+}  // namespace keel
