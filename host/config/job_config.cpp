@@ -205,6 +205,12 @@ JobConfig read_job_config(ConfigTree& tree, int world_size, bool cuda_available)
   c.validation = read_validation(tree, c);
   if (c.checkpoint.keep_best > 0 && c.validation.interval == 0)
     ck.invalid("keep_best", "ranks checkpoints by val_loss and needs validation.interval > 0");
+  // A checkpoint ranks only by an evaluation of its own weights, which runs at multiples of
+  // validation.interval (and after the last step).
+  if (c.checkpoint.keep_best > 0 && c.checkpoint.interval > 0 && c.checkpoint.interval % c.validation.interval != 0)
+    ck.invalid("keep_best",
+               cat("ranks checkpoints by the val_loss of their own step: checkpoint.interval (", c.checkpoint.interval,
+                   ") must be a multiple of validation.interval (", c.validation.interval, ")"));
 
   ConfigSection met = tree.section("metrics");
   c.metrics.log_interval = at_least(met, "log_interval", 10, 1);
