@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +16,7 @@
 #include <optional>
 #include <random>
 #include <regex>
+#include <set>
 
 #include "checkpoint/safetensors.hpp"
 #include "common/durable_file.hpp"
@@ -64,13 +66,20 @@ std::optional<SaveRecord> read_save_record(const fs::path& dir) {
   }
 }
 
-// The run id in `dir`'s manifest, or nullopt when the manifest is unreadable.
-std::optional<std::string> manifest_run_id(const fs::path& dir) {
+// `dir`'s manifest, or nullopt when it is unreadable.
+std::optional<Manifest> manifest_of(const fs::path& dir) {
   try {
-    return read_manifest(dir.string()).run_id;
+    return read_manifest(dir.string());
   } catch (const std::exception&) {
     return std::nullopt;
   }
+}
+
+// The run id in `dir`'s manifest, or nullopt when the manifest is unreadable.
+std::optional<std::string> manifest_run_id(const fs::path& dir) {
+  std::optional<Manifest> m = manifest_of(dir);
+  if (!m) return std::nullopt;
+  return m->run_id;
 }
 
 bool same_folder(const fs::path& a, const std::string& b) {
@@ -97,6 +106,23 @@ std::vector<Leftover> leftovers(const fs::path& root) {
 }
 
 }  // namespace
+
+std::vector<std::string> best_checkpoints(const std::vector<RankedCheckpoint>& checkpoints, int64_t keep) {
+  std::vector<std::pair<double, int64_t>> ranked;  // (val_loss, step), with the index via step order
+  std::map<int64_t, std::string> dir_of;
+  for (const RankedCheckpoint& c : checkpoints) {
+    if (!c.validation || c.validation->step != c.step) continue;
+    const auto loss = c.validation->metrics.find("val_loss");
+    if (loss == c.validation->metrics.end() || !std::isfinite(loss->second)) continue;
+    if (!dir_of.emplace(c.step, c.dir).second) continue;  // one folder per step
+    ranked.emplace_back(loss->second, c.step);
+  }
+  std::sort(ranked.begin(), ranked.end());  // by val_loss, then the earlier step
+  std::vector<std::string> best;
+  for (size_t i = 0; i < ranked.size() && static_cast<int64_t>(i) < keep; ++i)
+    best.push_back(dir_of.at(ranked[i].second));
+  return best;
+}
 
 SavePhase save_phase(const std::string& name) {
   static const std::map<std::string, SavePhase> phases = {
@@ -373,17 +399,26 @@ void CheckpointWriter::prune() const {
   if (options_.keep_latest <= 0) return;
   std::string named;
   std::ifstream(root / "latest") >> named;
-  // This run's checkpoints (save record and manifest agree on the id), newest save first.
+  // This run's checkpoints (save record and manifest agree on the id), newest save first. A
+  // checkpoint whose manifest cannot be read is not known to be this run's: it is kept.
   std::vector<std::pair<int64_t, fs::path>> mine;
+  std::vector<RankedCheckpoint> ranked;
   for (const std::string& name : complete_checkpoints(options_.root)) {
     const fs::path dir = root / name;
     std::optional<SaveRecord> r = read_save_record(dir);
-    if (r && r->run_id == options_.run_id && manifest_run_id(dir) == options_.run_id) mine.emplace_back(r->number, dir);
+    if (!r || r->run_id != options_.run_id) continue;
+    std::optional<Manifest> m = manifest_of(dir);
+    if (!m) log_warn(cat("keeping ", dir.string(), ": its manifest cannot be read (keel-ckpt verify says why)"));
+    if (!m || m->run_id != options_.run_id) continue;
+    mine.emplace_back(r->number, dir);
+    ranked.push_back({dir.string(), m->step, m->validation});
   }
+  std::set<std::string> best;
+  for (const std::string& dir : best_checkpoints(ranked, options_.keep_best)) best.insert(dir);
   std::sort(mine.begin(), mine.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   for (size_t i = static_cast<size_t>(options_.keep_latest); i < mine.size(); ++i) {
     const fs::path& dir = mine[i].second;
-    if (dir.filename() == named || same_folder(dir, options_.loaded_dir)) continue;
+    if (dir.filename() == named || same_folder(dir, options_.loaded_dir) || best.count(dir.string())) continue;
     // Renamed first, so a kill during the removal leaves no half folder under a loadable name.
     fs::path doomed = dir;
     doomed += ".deleting";

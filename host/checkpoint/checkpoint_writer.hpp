@@ -11,7 +11,8 @@
 //
 // Provenance: each save records the run id (in the manifest) and this run's save order (in
 // `step-<N>/save.json`), so `keep_latest` prunes only this run's checkpoints, oldest saved
-// first, never the one `latest` names nor the one the run loaded from.
+// first, never the one `latest` names nor the one the run loaded from; `keep_best` keeps, on top,
+// the run's checkpoints of lowest val_loss (best_checkpoints).
 #pragma once
 
 #include <atomic>
@@ -66,7 +67,20 @@ struct CheckpointWriterOptions {
   bool async = false;
   std::string run_id;      ///< recorded in every manifest; pruning touches only checkpoints with this id
   std::string loaded_dir;  ///< the checkpoint this run loaded, never pruned ("" = none)
+  int64_t keep_best = 0;   ///< also kept: this run's N checkpoints of lowest val_loss (best_checkpoints)
 };
+
+/// A checkpoint of the run and the validation figures its manifest records.
+struct RankedCheckpoint {
+  std::string dir;
+  int64_t step = 0;
+  std::optional<ValidationRecord> validation;
+};
+
+/// The `keep` checkpoints of lowest val_loss among `checkpoints`: only those whose evaluation
+/// was of their own weights (validation.step == step) and whose val_loss is finite; a tie
+/// goes to the earlier step. Returns their folders.
+std::vector<std::string> best_checkpoints(const std::vector<RankedCheckpoint>& checkpoints, int64_t keep);
 
 class CheckpointWriter {
  public:

@@ -10,12 +10,14 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
+#include <stdexcept>
 
 #include "checkpoint/safetensors.hpp"
 #include "checkpoint/strict_json.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "common/text.hpp"
+#include "metrics/json_number.hpp"
 
 namespace keel {
 
@@ -32,6 +34,7 @@ constexpr int64_t kMaxInt64 = std::numeric_limits<int64_t>::max();
 // Shards that are not slices along one dimension are proven disjoint pair by pair; Keel never
 // writes such shards, so their number is bounded to keep that quadratic check short.
 constexpr size_t kMaxGeneralShards = 1024;
+constexpr size_t kMaxValidationFigures = 4096;
 
 bool is_name(const std::string& s) {
   static const std::regex pattern("[a-z0-9_]{1,128}");
@@ -170,6 +173,28 @@ EntryRecord parse_entry(const json& e, const std::string& where) {
   return entry;
 }
 
+ValidationRecord parse_validation(const json& v, int64_t checkpoint_step, const std::string& where) {
+  if (!v.is_object()) throw InputError(cat(where, ": must be an object"));
+  json_only_keys(v, {"step", "metrics"}, where);
+  ValidationRecord record;
+  // An evaluation after a later step than the checkpoint's cannot describe its weights.
+  record.step = json_int(json_field(v, "step", where), cat(where, ".step"), 0, checkpoint_step);
+  const json& metrics = json_field(v, "metrics", where);
+  if (!metrics.is_object() || metrics.size() > kMaxValidationFigures)
+    throw InputError(cat(where, ".metrics: must be an object of at most ", kMaxValidationFigures, " figures"));
+  for (const auto& [name, value] : metrics.items()) {
+    if (!is_printable_token(name, 128))
+      throw InputError(cat(where, ".metrics: name '", name, "' is not printable text of at most 128 characters"));
+    try {
+      record.metrics[name] = number_from_json(value);
+    } catch (const std::invalid_argument& e) {
+      throw InputError(cat(where, ".metrics.", name, ": ", e.what()));
+    }
+  }
+  if (!record.metrics.count("val_loss")) throw InputError(cat(where, ".metrics: no val_loss"));
+  return record;
+}
+
 }  // namespace
 
 std::string xxh64_hex(const void* data, size_t size) {
@@ -197,6 +222,11 @@ std::string manifest_json(const Manifest& m) {
     entries[key] = {{"dtype", e.dtype}, {"shape", e.shape}, {"shards", shards}};
   }
   j["entries"] = entries;
+  if (m.validation) {
+    nlohmann::ordered_json figures = nlohmann::ordered_json::object();
+    for (const auto& [name, value] : m.validation->metrics) figures[name] = json_number(value);
+    j["validation"] = {{"step", m.validation->step}, {"metrics", figures}};
+  }
   // Computed on the text as the reader sees it: parsed back, then put in canonical form.
   j["checksum"] = body_checksum(json::parse(j.dump()));
   return j.dump(1);
@@ -214,7 +244,7 @@ Manifest parse_manifest(const std::string& text, const std::string& where) {
         cat(where, ": manifest version ", version, ", this Keel reads versions 1 and ", Manifest::kVersion));
   json_only_keys(j,
                  {"format", "version", "checksum", "step", "run_id", "data_position", "tokens_seen", "lr", "mesh",
-                  "model", "clipper", "config", "entries"},
+                  "model", "clipper", "config", "entries", "validation"},
                  where);
   if (j.contains("checksum")) {
     const std::string recorded = json_string(j.at("checksum"), cat(where, ": checksum"));
@@ -263,6 +293,7 @@ Manifest parse_manifest(const std::string& text, const std::string& where) {
       throw InputError(cat(where, ": entry key '", key, "' is not printable text of at most 1024 characters"));
     m.entries[key] = parse_entry(e, cat(where, ": entry '", key, "'"));
   }
+  if (j.contains("validation")) m.validation = parse_validation(j.at("validation"), m.step, cat(where, ": validation"));
   return m;
 }
 

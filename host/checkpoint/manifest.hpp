@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,13 @@ struct EntryRecord {
   std::vector<ShardRecord> shards;
 };
 
+/// The figures of the last evaluation before a save ([validation]): "val_loss" and the model's
+/// "val_<name>" figures, after step `step` (at most the checkpoint's step).
+struct ValidationRecord {
+  int64_t step = 0;
+  std::map<std::string, double> metrics;
+};
+
 struct Manifest {
   /// 2: the manifest carries its own checksum. Version 1 (no checksum) is still read.
   static constexpr int kVersion = 2;
@@ -38,6 +46,7 @@ struct Manifest {
   std::string model_plugin, model_component, clipper_plugin, clipper_component;
   std::string config;  ///< the resolved TOML of the run that saved it
   std::map<std::string, EntryRecord> entries;
+  std::optional<ValidationRecord> validation;  ///< absent when the run had not evaluated yet
 };
 
 /// The manifest as JSON text, with its checksum: the xxh64 of its canonical body (the JSON

@@ -111,7 +111,8 @@ void TrainState::open_writer() {
   for (int r = 0; r < layout.world(); ++r) everyone.push_back(r);
   Group* io_group = job_.mesh().new_group(everyone);
   writer_ = std::make_unique<CheckpointWriter>(
-      CheckpointWriterOptions{c.checkpoint.dir, c.checkpoint.keep_latest, c.checkpoint.async, run_id_, loaded_dir_},
+      CheckpointWriterOptions{c.checkpoint.dir, c.checkpoint.keep_latest, c.checkpoint.async, run_id_, loaded_dir_,
+                              c.checkpoint.keep_best},
       *io_group);
   // Fault injection: a rank's own file is the last rank's business, the commit rank 0's.
   const SavePhase phase = save_phase(c.debug.crash_in_checkpoint_phase);
@@ -180,6 +181,7 @@ void TrainState::save(int64_t step) {
   header.clipper_plugin = c.clipper.plugin;
   header.clipper_component = c.clipper.component;
   header.config = job_.tree().resolved_toml();
+  header.validation = validation_;
   writer_->save(header, checkpoint_pieces());
   if (!c.checkpoint.async) settle(step);
 }

@@ -53,6 +53,11 @@ class TrainState {
   /// resumes after (0 when it starts fresh). [collective: world]
   int64_t start(AdamW& optimizer, BatchStream& stream, const LrSchedule& schedule);
 
+  /// Keeps the figures of the evaluation after `record.step` for every later checkpoint's
+  /// manifest (keel-ckpt ls, checkpoint.keep_best). Called on every rank with the same figures.
+  void record_validation(const ValidationRecord& record) { validation_ = record; }
+  /// The last evaluation recorded, this run's or, on a resume, the loaded checkpoint's.
+  const std::optional<ValidationRecord>& last_validation() const { return validation_; }
   /// Whether this run saves checkpoints.
   bool saves() const { return writer_ != nullptr; }
   /// Saves a checkpoint of the state after `step` (asynchronously with checkpoint.async),
@@ -101,6 +106,7 @@ class TrainState {
   std::string loaded_dir_;    ///< the checkpoint a resumed run continues, or ""
   std::string saved_path_;    ///< the last complete checkpoint of this run
   std::string save_failure_;  ///< a failed save that stops the run
+  std::optional<ValidationRecord> validation_;
   /// Another clipper's state found in the loaded checkpoint: carried into every checkpoint
   /// this run saves (rank 0), so swapping clippers back and forth loses nothing.
   std::vector<std::pair<std::string, at::Tensor>> foreign_clipper_state_;

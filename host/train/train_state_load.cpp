@@ -95,6 +95,8 @@ int64_t TrainState::load_training_state(CheckpointReader& reader) {
   load_clipper_state(reader);
   load_generator(reader);
   stream_->seek(m.data_position);
+  // The figures go on into the checkpoints saved before this run's first evaluation.
+  validation_ = m.validation;
   if (job_.mesh().layout().rank == 0)
     log_info(cat("resuming after step ", m.step, " at sample ", m.data_position, " of the data stream (", m.tokens_seen,
                  " tokens seen)"));

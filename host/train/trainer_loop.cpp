@@ -36,7 +36,9 @@ void remember(RunSummary& summary, const Evaluation& evaluation) {
 
 Evaluation Trainer::evaluate(int64_t step) {
   if (!evaluator_) throw std::logic_error("evaluate: validation.interval is 0");
-  return evaluator_->run(step);
+  Evaluation evaluation = evaluator_->run(step);
+  state_->record_validation(ValidationRecord{step, evaluation.figures()});
+  return evaluation;
 }
 
 RunSummary Trainer::run() {

@@ -2,8 +2,13 @@
 // run's, training bitwise untouched by evaluations, the same figures after a resume.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <set>
 
+#include "checkpoint/checkpoint_writer.hpp"
+#include "checkpoint/manifest.hpp"
+#include "common/text.hpp"
 #include "job_runs.hpp"
 #include "tolerance.hpp"
 
@@ -121,6 +126,78 @@ TEST(Validation, AResumedRunEvaluatesTheSame) {
   ASSERT_EQ(resumed.validation.size(), 2u) << resumed.result.output;
   for (int64_t step : {4, 6})
     EXPECT_EQ(resumed.validation.at(step).at("val_loss"), straight.validation.at(step).at("val_loss")) << step;
+  // The checkpoint after step 3 records the evaluation after step 2; a run resumed from it
+  // carries those figures into its checkpoints until it evaluates again (here only after its
+  // last step, 6).
+  const Manifest step3 = read_manifest(straight.dir + "/checkpoints/step-3");
+  ASSERT_TRUE(step3.validation);
+  EXPECT_EQ(step3.validation->step, 2);
+  EXPECT_EQ(step3.validation->metrics.at("val_loss"), straight.validation.at(2).at("val_loss"));
+  JobRun carried = train(dir, "carried", 1,
+                         {"checkpoint.load=\\\"" + straight.dir + "/checkpoints/step-3\\\"", "validation.interval=10",
+                          "checkpoint.interval=1"});
+  for (const char* name : {"step-4", "step-5"}) {
+    const Manifest m = read_manifest(carried.dir + "/checkpoints/" + name);
+    ASSERT_TRUE(m.validation) << name;
+    EXPECT_EQ(m.validation->step, 2) << name;
+    EXPECT_EQ(m.validation->metrics, step3.validation->metrics) << name;
+  }
+  EXPECT_EQ(read_manifest(carried.dir + "/checkpoints/step-6").validation->step, 6);
+}
+
+// What checkpoint.keep_latest = 1 and keep_best = 2 must leave of a run that saved and
+// evaluated after every step up to `last`: the last step's and the two of lowest val_loss (the
+// earlier step on a tie), and the one it resumed from (`loaded`, never pruned; 0 = none).
+std::set<std::string> kept_by_best(const JobRun& run, int64_t last, int64_t loaded) {
+  std::vector<std::pair<double, int64_t>> ranked;
+  for (const auto& [step, figures] : run.validation) ranked.emplace_back(figures.at("val_loss"), step);
+  std::sort(ranked.begin(), ranked.end());
+  std::set<std::string> kept = {"step-" + std::to_string(last)};
+  if (loaded > 0) kept.insert("step-" + std::to_string(loaded));
+  for (size_t i = 0; i < 2 && i < ranked.size(); ++i) kept.insert("step-" + std::to_string(ranked[i].second));
+  return kept;
+}
+
+// keep_best keeps the checkpoints of lowest val_loss on top of keep_latest, ranked from the
+// manifests on disk, so a resumed run goes on ranking the first run's checkpoints; each kept
+// manifest records the val_loss of its own step, bit for bit the logged one. (The ranking
+// itself, with ties, NaN and stale figures, is unit-tested: keep_best_test.cpp.)
+TEST(Validation, KeepBestKeepsTheLowestValLossCheckpointsAcrossAResume) {
+  test::TempDir dir;
+  const std::string job =
+      test::tiny_deepseek_job("interval = 1\nkeep_latest = 1\nkeep_best = 2\n") + "[validation]\ninterval = 1\n";
+  const std::vector<std::string> sets = {"optimizer.lr=0.05", "clipper.max_norm=10.0"};
+  std::vector<std::string> first_sets = sets, resumed_sets = sets;
+  first_sets.push_back("training.steps=6");
+  resumed_sets.insert(resumed_sets.end(), {"training.steps=10", "checkpoint.load=latest"});
+  for (const auto& [steps, run_sets] : {std::pair{6, first_sets}, std::pair{10, resumed_sets}}) {
+    JobRun run = test::run_job(dir, "run", 1, job, run_sets);
+    ASSERT_EQ(run.result.status, 0) << run.result.output;
+    ASSERT_EQ(run.validation.size(), static_cast<size_t>(steps)) << run.result.output;
+    const std::vector<std::string> on_disk = complete_checkpoints(run.dir + "/checkpoints");
+    std::string losses;
+    for (const auto& [step, figures] : run.validation)
+      losses += format(" %ld:%.4f", long(step), figures.at("val_loss"));
+    std::printf("KEEP_BEST | after %d steps, val_loss by step:%s | kept: %s\n", steps, losses.c_str(),
+                join(on_disk, ", ").c_str());
+    EXPECT_EQ(std::set<std::string>(on_disk.begin(), on_disk.end()), kept_by_best(run, steps, steps == 10 ? 6 : 0))
+        << "after " << steps << " steps";
+    for (const std::string& name : on_disk) {
+      const Manifest m = read_manifest(run.dir + "/checkpoints/" + name);
+      ASSERT_TRUE(m.validation) << name;
+      EXPECT_EQ(m.validation->step, m.step) << name;
+      EXPECT_EQ(m.validation->metrics.at("val_loss"), run.validation.at(m.step).at("val_loss")) << name;
+    }
+    // keel-ckpt ls shows them.
+    const std::string latest = run.dir + "/checkpoints/step-" + std::to_string(steps);
+    const test::CommandResult ls = test::run_command(test::bin_dir() + "/keel-ckpt ls " + latest);
+    ASSERT_EQ(ls.status, 0) << ls.output;
+    EXPECT_NE(
+        ls.output.find(format("validation  val_loss %.4f, val_lm_loss ", run.validation.at(steps).at("val_loss"))),
+        std::string::npos)
+        << ls.output;
+    EXPECT_NE(ls.output.find(format("(after step %d)\n", steps)), std::string::npos) << ls.output;
+  }
 }
 
 }  // namespace

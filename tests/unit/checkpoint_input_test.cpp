@@ -4,6 +4,7 @@
 // loaded from a path the checkpoint names.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <limits>
@@ -186,6 +187,43 @@ TEST_F(CheckpointInput, ScalarsOutOfRangeAreRefused) {
   EXPECT_HAS(input_error([&] { CheckpointReader r(step()); }), "tokens_seen: -5 is out of range");
   craft([](Manifest& m) { m.entries["model.b"].shards[0].xxh64 = "not-a-hash"; });
   EXPECT_HAS(input_error([&] { CheckpointReader r(step()); }), "xxh64 'not-a-hash' is not 16 hex digits");
+}
+
+TEST_F(CheckpointInput, ValidationFiguresRoundTripWithTheirNonFiniteValues) {
+  craft([](Manifest& m) {
+    m.validation = ValidationRecord{1, {{"val_loss", 2.5}, {"val_mtp_loss.1", std::nan("")}, {"val_x", -INFINITY}}};
+  });
+  CheckpointReader reader(step());
+  ASSERT_TRUE(reader.manifest().validation);
+  const ValidationRecord& v = *reader.manifest().validation;
+  EXPECT_EQ(v.step, 1);
+  EXPECT_EQ(v.metrics.at("val_loss"), 2.5);
+  EXPECT_TRUE(std::isnan(v.metrics.at("val_mtp_loss.1")));
+  EXPECT_EQ(v.metrics.at("val_x"), -INFINITY);
+  craft([](Manifest& m) { m.validation.reset(); });  // a run that had not evaluated
+  EXPECT_FALSE(CheckpointReader(step()).manifest().validation);
+}
+
+TEST_F(CheckpointInput, ValidationFiguresOfAnotherStepOrShapeAreRefused) {
+  craft([](Manifest& m) { m.validation = ValidationRecord{2, {{"val_loss", 1.0}}}; });  // after the checkpoint
+  EXPECT_HAS(input_error([&] { CheckpointReader r(step()); }), "manifest.json: validation.step: 2 is out of range");
+  craft([](Manifest& m) { m.validation = ValidationRecord{1, {{"val_lm_loss", 1.0}}}; });
+  EXPECT_HAS(input_error([&] { CheckpointReader r(step()); }), "validation.metrics: no val_loss");
+  craft([](Manifest& m) { m.validation = ValidationRecord{1, {{"val_loss", 1.0}, {"val loss", 1.0}}}; });
+  EXPECT_HAS(input_error([&] { CheckpointReader r(step()); }), "name 'val loss' is not printable text");
+  // Written by hand as a version-1 manifest (no checksum to forge): a string that is no number.
+  auto j = nlohmann::ordered_json::parse(test::read_file(step() + "/manifest.json"));
+  j.erase("checksum");
+  j["version"] = 1;
+  j["validation"] = {{"step", 1}, {"metrics", {{"val_loss", "low"}}}};
+  test::write_file(step() + "/manifest.json", j.dump(1));
+  EXPECT_HAS(input_error([&] { CheckpointReader r(step()); }), "validation.metrics.val_loss: expected a number");
+  j["validation"] = {{"step", 1}, {"metrics", {{"val_loss", 1.0}}}, {"best", true}};
+  test::write_file(step() + "/manifest.json", j.dump(1));
+  EXPECT_HAS(input_error([&] { CheckpointReader r(step()); }), "unknown key 'best'");
+  j["validation"] = 3;
+  test::write_file(step() + "/manifest.json", j.dump(1));
+  EXPECT_HAS(input_error([&] { CheckpointReader r(step()); }), "validation: must be an object");
 }
 
 TEST_F(CheckpointInput, APluginPathInTheManifestIsRefused) {

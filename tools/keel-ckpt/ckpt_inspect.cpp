@@ -52,6 +52,14 @@ int list(const std::string& path) {
               m.pp * m.dp == 1 ? "" : "s");
   std::printf("model       %s (plugin %s)\n", m.model_component.c_str(), m.model_plugin.c_str());
   std::printf("clipper     %s (plugin %s)\n", m.clipper_component.c_str(), m.clipper_plugin.c_str());
+  if (m.validation) {
+    // val_loss first, then the model's figures in name order.
+    std::string figures = format("val_loss %.4f", m.validation->metrics.at("val_loss"));
+    for (const auto& [name, value] : m.validation->metrics)
+      if (name != "val_loss") figures += format(", %s %.4f", name.c_str(), value);
+    std::printf("validation  %s (after step %ld%s)\n", figures.c_str(), static_cast<long>(m.validation->step),
+                m.validation->step == m.step ? "" : ", before this checkpoint");
+  }
   std::printf("entries     %zu in %zu file%s\n", m.entries.size(), files.size(), files.size() == 1 ? "" : "s");
   for (const auto& [key, e] : m.entries) {
     std::vector<std::string> shards;
