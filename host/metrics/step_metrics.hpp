@@ -20,10 +20,14 @@ class StepMetrics {
  public:
   /// Adds one report of `name` (a scalar tensor, detached here).
   void report(const std::string& name, const at::Tensor& value, keel_metric_reduce reduce);
+  /// Adds one report of the ratio `name`: its value is the sum of the numerators of the step
+  /// (all ranks, with resolve_across) over the sum of the denominators, NaN when that is 0.
+  void report_ratio(const std::string& name, const at::Tensor& numerator, const at::Tensor& denominator);
   /// The reduced values of this step, read from the device.
   std::map<std::string, double> resolve() const;
   /// The values of this step over every rank of `world`: MEAN averages all reports of all
-  /// ranks, SUM adds them, MAX takes the largest, LAST the lowest rank's. [collective: world]
+  /// ranks, SUM adds them, MAX takes the largest, LAST the lowest rank's, a ratio divides the
+  /// sums of all ranks. [collective: world]
   std::map<std::string, double> resolve_across(Group& world) const;
   /// Exchanges the reports of this and `other` (an evaluation collects its own meanwhile).
   void swap(StepMetrics& other) {
@@ -41,6 +45,7 @@ class StepMetrics {
     at::Tensor value;
     keel_metric_reduce reduce = KEEL_METRIC_MEAN;
     int64_t count = 0;
+    at::Tensor denominator;  ///< defined for a ratio only
   };
   std::map<std::string, Entry> entries_;
   mutable std::mutex mutex_;

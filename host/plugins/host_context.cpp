@@ -218,6 +218,14 @@ struct HostApi {
       ctx(host).services_.metrics->report(name, tensor(value), reduce);
     });
   }
+  static keel_status report_metric_ratio(keel_host* host, const char* name, const keel_tensor* numerator,
+                                         const keel_tensor* denominator) {
+    return run(host, KEEL_ERROR_INVALID_ARGUMENT, [&] {
+      if (name == nullptr || numerator == nullptr || denominator == nullptr)
+        throw std::invalid_argument("report_metric_ratio: name, numerator and denominator are required");
+      ctx(host).services_.metrics->report_ratio(name, tensor(numerator), tensor(denominator));
+    });
+  }
   static void set_found(int32_t* found, const ConfigSection& s, const char* key) {
     if (found != nullptr) *found = s.has(key) ? 1 : 0;
   }
@@ -288,6 +296,7 @@ const keel_host_api& host_api() {
     a.recv = &HostApi::recv;
     a.wait = &HostApi::wait;
     a.report_metric = &HostApi::report_metric;
+    a.report_metric_ratio = &HostApi::report_metric_ratio;
     a.config_int = &HostApi::config_int;
     a.config_float = &HostApi::config_float;
     a.config_bool = &HostApi::config_bool;

@@ -1,6 +1,7 @@
 #include "part.hpp"
 
 #include <cmath>
+#include <string>
 
 namespace deepseek_v3 {
 
@@ -109,12 +110,19 @@ void Part::forward(const keel_forward_inputs& in, keel_forward_outputs& outputs)
   Outputs out = compute(keel::tensor(in.tokens), keel::tensor(in.labels), activation);
   if (out.loss_sum.defined()) {
     keel::Host host(this->host());
-    host.metric("lm_loss", out.main_loss_sum.detach() / out.main_tokens.clamp_min(1));
+    // Ratios of sums, so that each figure is weighted by its own labelled tokens over every
+    // microbatch and data-parallel rank (depth k loses the last k positions of a sequence).
+    host.metric_ratio("lm_loss", out.main_loss_sum.detach(), out.main_tokens.to(at::kDouble));
     if (!out.mtp_loss_sums.empty()) {
-      at::Tensor mean = at::zeros({}, out.main_loss_sum.options());
-      for (size_t d = 0; d < out.mtp_loss_sums.size(); ++d)
-        mean = mean + out.mtp_loss_sums[d].detach() / out.mtp_tokens[d].clamp_min(1);
-      host.metric("mtp_loss", mean / static_cast<double>(out.mtp_loss_sums.size()));
+      at::Tensor sums = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(out.main_loss_sum.device()));
+      at::Tensor tokens = sums.clone();
+      for (size_t d = 0; d < out.mtp_loss_sums.size(); ++d) {
+        const at::Tensor depth_sum = out.mtp_loss_sums[d].detach(), depth_tokens = out.mtp_tokens[d].to(at::kDouble);
+        host.metric_ratio(("mtp_loss." + std::to_string(d + 1)).c_str(), depth_sum, depth_tokens);
+        sums = sums + depth_sum;
+        tokens = tokens + depth_tokens;
+      }
+      host.metric_ratio("mtp_loss", sums, tokens);  // every depth's tokens pooled
     }
     keel::tensor(outputs.loss_sum) = out.loss_sum;
   } else {

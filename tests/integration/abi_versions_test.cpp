@@ -1,5 +1,5 @@
 // Plugins of every ABI minor load, train and (from 1.1) export in this host: the same raw-ABI
-// model and clipper built as 1.0 to 1.4 and a future 1.5 (tests/plugins/versioned_model.cpp),
+// model and clipper built as 1.0 to 1.5 and a future 1.6 (tests/plugins/versioned_model.cpp),
 // each with traps beyond its struct sizes that a host reading too far would trip over.
 #include <gtest/gtest.h>
 
@@ -37,6 +37,8 @@ TEST_P(AbiVersions, TrainsWithTheModelAndTheClipperOfThatMinor) {
   std::string metrics = test::read_file(dir / "run/metrics.jsonl");
   EXPECT_NE(metrics.find("\"step\":4"), std::string::npos) << metrics;
   EXPECT_EQ(metrics.find("nan"), std::string::npos) << metrics;
+  // From 1.5 the model also reports its loss per token, as a ratio.
+  EXPECT_EQ(metrics.find("\"token_loss\":") != std::string::npos, GetParam() >= 5) << metrics;
 }
 
 TEST_P(AbiVersions, ExportsFromOneOneOnAndRefusesNamingTheVersionBefore) {
@@ -62,8 +64,8 @@ TEST_P(AbiVersions, InspectListsExportAndIgnoredExtensions) {
   const bool exports = r.output.find("export_state") != std::string::npos;
   EXPECT_EQ(exports, GetParam() >= 1) << r.output;
   EXPECT_EQ(r.output.find("[extension; formats: hf]") != std::string::npos, GetParam() >= 2) << r.output;
-  // 0x7e57: the 1.5 plugin's extension that this host cannot know.
-  EXPECT_EQ(r.output.find("does not know (ignored): 32343") != std::string::npos, GetParam() == 5) << r.output;
+  // 0x7e57: the 1.6 plugin's extension that this host cannot know.
+  EXPECT_EQ(r.output.find("does not know (ignored): 32343") != std::string::npos, GetParam() == 6) << r.output;
   // From 1.3 the clipper declares its one key; the model declares none.
   const bool listed =
       r.output.find(
@@ -126,7 +128,7 @@ TEST(HeaderExample, TheRawAbiClipperInKeelHTrainsTheTinyLlama) {
   EXPECT_NE(test::read_file(dir / "run/metrics.jsonl").find("\"step\":3"), std::string::npos);
 }
 
-INSTANTIATE_TEST_SUITE_P(Minor, AbiVersions, ::testing::Values(0, 1, 2, 3, 4, 5),
+INSTANTIATE_TEST_SUITE_P(Minor, AbiVersions, ::testing::Values(0, 1, 2, 3, 4, 5, 6),
                          [](const ::testing::TestParamInfo<int>& info) { return "v1_" + std::to_string(info.param); });
 
 }  // namespace

@@ -1,12 +1,14 @@
 // One trainable model and one clipper on the raw ABI, built once per ABI minor to prove that
-// plugins of every minor load and train in this host (KEEL_TEST_MINOR = 0 to 5):
+// plugins of every minor load and train in this host (KEEL_TEST_MINOR = 0 to 6):
 //   1.0: component and model vtable end where 1.0 ended; what lies beyond them (an export
 //        function, an extension chain) are traps a host reading past struct_size would use.
 //   1.1: the model vtable carries export_state.
 //   1.2: export is an extension; the vtable's export_state is NULL.
 //   1.3: the clipper declares the one config key it reads (bound), as an extension.
 //   1.4: as 1.3 (its model offers no import: a host must say so, not fail).
-//   1.5: a newer plugin: a larger component struct and an extension this host cannot know,
+//   1.5: as 1.4, and the model reports its loss per token as a ratio (report_metric_ratio,
+//        after checking the host's api is that large).
+//   1.6: a newer plugin: a larger component struct and an extension this host cannot know,
 //        listed before the export extension.
 // The model is a bigram language model (an embedding and an output head, one stage).
 #include <ATen/ATen.h>
@@ -18,6 +20,7 @@
 
 #include <cstddef>
 #include <exception>
+#include <stdexcept>
 #include <string>
 
 #ifndef KEEL_TEST_MINOR
@@ -106,6 +109,13 @@ keel_status forward(keel_part* part, const keel_forward_inputs* in, keel_forward
     at::Tensor logits = at::linear(at::embedding(m.embedding, tensor(in->tokens)), m.head);
     tensor(out->loss_sum) = at::cross_entropy_loss(logits.reshape({-1, kVocab}), tensor(in->labels).reshape({-1}),
                                                    std::nullopt, at::Reduction::Sum, KEEL_IGNORE_INDEX);
+#if KEEL_TEST_MINOR >= 5
+    if (m.host->api->struct_size >= KEEL_HOST_API_SIZE_1_5) {
+      at::Tensor sum = tensor(out->loss_sum).detach(), tokens = tensor(in->labels).ne(KEEL_IGNORE_INDEX).sum();
+      const keel_status status = m.host->api->report_metric_ratio(m.host, "token_loss", handle(sum), handle(tokens));
+      if (status != KEEL_OK) throw std::runtime_error("report_metric_ratio failed");
+    }
+#endif
   });
 }
 [[maybe_unused]] keel_status export_state(keel_model* model, const char* format, const keel_named_tensor* const* state,
@@ -205,7 +215,7 @@ const keel_extension* const kClipperExtensions = nullptr;
 #if KEEL_TEST_MINOR == 0 || KEEL_TEST_MINOR == 1
 constexpr size_t kComponentSize = KEEL_COMPONENT_SIZE_1_0;
 const keel_extension* const kExtensions = &export_extension.base;  // beyond struct_size: a trap
-#elif KEEL_TEST_MINOR >= 2 && KEEL_TEST_MINOR <= 4
+#elif KEEL_TEST_MINOR >= 2 && KEEL_TEST_MINOR <= 5
 constexpr size_t kComponentSize = KEEL_COMPONENT_SIZE_1_2;
 const keel_extension* const kExtensions = &export_extension.base;
 #else

@@ -105,6 +105,9 @@ class FakeHost {
     a.report_metric = [](keel_host* h, const char* name, const keel_tensor*, keel_metric_reduce) {
       return self(h).call((std::string("metric ") + name).c_str());
     };
+    a.report_metric_ratio = [](keel_host* h, const char* name, const keel_tensor*, const keel_tensor*) {
+      return self(h).call((std::string("metric_ratio ") + name).c_str());
+    };
     a.config_int = [](keel_host*, const keel_config*, const char*, int64_t fallback, int64_t* out, int32_t*) {
       *out = fallback;
       return keel_status{KEEL_OK};
@@ -132,6 +135,10 @@ class FakeHost {
       a.last_error = [](keel_host* h) {
         self(h).calls.emplace_back("last_error beyond struct_size");
         return "read beyond struct_size";
+      };
+    if (api_size < KEEL_HOST_API_SIZE_1_5)
+      a.report_metric_ratio = [](keel_host* h, const char*, const keel_tensor*, const keel_tensor*) {
+        return self(h).call("report_metric_ratio beyond struct_size");
       };
     return a;
   }

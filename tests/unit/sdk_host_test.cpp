@@ -127,6 +127,17 @@ TEST(SdkHost, AnOlderHostsErrorsAreReportedWithoutReadingPastItsApi) {
   EXPECT_EQ(std::count(fake.calls.begin(), fake.calls.end(), "last_error beyond struct_size"), 0);
 }
 
+// A 1.5 plugin's ratio reaches a 1.5 host as a ratio, and an older host (which has no such
+// function) as a plain mean of numerator / denominator, without reading past its api.
+TEST(SdkHost, ARatioMetricFallsBackToAMeanOnAHostBeforeOneFive) {
+  const at::Tensor loss_sum = at::full({}, 6.0), tokens = at::full({}, 4.0);
+  FakeHost current(sizeof(keel_host_api)), older(KEEL_HOST_API_SIZE_1_2);
+  Host(current.raw()).metric_ratio("lm_loss", loss_sum, tokens);
+  Host(older.raw()).metric_ratio("lm_loss", loss_sum, tokens);
+  EXPECT_EQ(current.calls, (std::vector<std::string>{"metric_ratio lm_loss"}));
+  EXPECT_EQ(older.calls, (std::vector<std::string>{"metric lm_loss"}));
+}
+
 TEST(SdkHost, ConfigInvalidThrowsTheHostsMessage) {
   FakeHost fake;
   Config config(fake.raw(), fake.config());

@@ -316,6 +316,17 @@ class Host {
   void metric(const char* name, const at::Tensor& value, keel_metric_reduce reduce = KEEL_METRIC_MEAN) const {
     check(host_->api->report_metric(host_, name, handle(value), reduce), host_);
   }
+  /// Reports a ratio for this step: the host shows the sum of the step's numerators (all
+  /// ranks) over the sum of its denominators, e.g. a loss weighted by tokens. A host before
+  /// ABI 1.5 gets numerator / denominator as a MEAN metric instead (a mean of the ratios).
+  /// [any-thread]
+  void metric_ratio(const char* name, const at::Tensor& numerator, const at::Tensor& denominator) const {
+    if (host_->api->struct_size >= KEEL_HOST_API_SIZE_1_5) {
+      check(host_->api->report_metric_ratio(host_, name, handle(numerator), handle(denominator)), host_);
+      return;
+    }
+    metric(name, numerator.detach() / denominator.detach(), KEEL_METRIC_MEAN);
+  }
 
  private:
   template <class Call>

@@ -22,7 +22,9 @@
  *     moves to KEEL_EXTENSION_MODEL_EXPORT), the thread contract, host-owned parameter records
  *     for clippers, keel_host_api.last_error. 1.3: KEEL_EXTENSION_CONFIG_KEYS (a component
  *     declares the keys of its config table). 1.4: KEEL_EXTENSION_MODEL_IMPORT (a model reads
- *     a checkpoint of another format, e.g. Hugging Face's, through keel_import_source).
+ *     a checkpoint of another format, e.g. Hugging Face's, through keel_import_source). 1.5:
+ *     keel_host_api.report_metric_ratio (a metric that is a ratio of sums, e.g. a loss weighted
+ *     by its tokens over microbatches and ranks).
  *
  * Ownership and lifetime:
  *   - Every pointer handed across the boundary is borrowed for the duration of the call unless
@@ -130,7 +132,7 @@ extern "C" {
 /* ---------------------------------------------------------------- versions and basics */
 
 #define KEEL_ABI_MAJOR 1
-#define KEEL_ABI_MINOR 4
+#define KEEL_ABI_MINOR 5
 
 /* The size of struct T up to and including `last_field`: the minimum struct_size a receiver
  * needs when it reads fields up to that one (sizeof(T) may add trailing padding). */
@@ -214,7 +216,8 @@ typedef enum keel_metric_reduce {
 /* ---------------------------------------------------------------- the host API */
 
 /* The functions a component may call. Received in keel_host->api; check struct_size against
- * KEEL_HOST_API_SIZE_1_2 before calling last_error (the only function appended since 1.0). */
+ * KEEL_HOST_API_SIZE_1_2 before calling last_error and KEEL_HOST_API_SIZE_1_5 before calling
+ * report_metric_ratio (the functions appended since 1.0). */
 typedef struct keel_host_api {
   size_t struct_size;
 
@@ -302,6 +305,17 @@ typedef struct keel_host_api {
    * the next host call on this thread. Lets code that cannot return a status (a custom
    * autograd backward) rethrow the host's message. [any-thread] */
   const char* (*last_error)(keel_host* host);
+
+  /* ---- appended in 1.5 */
+
+  /* Reports a named ratio for this step: the step's value is the sum of every `numerator`
+   * reported under `name` in the step, on every rank, over the sum of every `denominator`
+   * (NaN when that is 0) — e.g. a loss sum over its token count, so that the figure is
+   * weighted by tokens across microbatches and data-parallel ranks. Both are one-element
+   * tensors (device tensors are fine; read lazily). A name is reported either as a ratio or
+   * with report_metric within one step, not both. [capture-safe: no][any-thread] */
+  keel_status (*report_metric_ratio)(keel_host* host, const char* name, const keel_tensor* numerator,
+                                     const keel_tensor* denominator);
 } keel_host_api;
 
 struct keel_host {
@@ -312,6 +326,7 @@ struct keel_host {
 #define KEEL_HOST_SIZE_1_0 KEEL_STRUCT_SIZE(keel_host, api)
 #define KEEL_HOST_API_SIZE_1_0 KEEL_STRUCT_SIZE(keel_host_api, config_invalid)
 #define KEEL_HOST_API_SIZE_1_2 KEEL_STRUCT_SIZE(keel_host_api, last_error)
+#define KEEL_HOST_API_SIZE_1_5 KEEL_STRUCT_SIZE(keel_host_api, report_metric_ratio)
 #define KEEL_MESH_INFO_SIZE_1_0 KEEL_STRUCT_SIZE(keel_mesh_info, edp_index)
 
 /* ---------------------------------------------------------------- parameters */
