@@ -8,6 +8,7 @@
 #include "common/text.hpp"
 
 #ifdef KEEL_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #endif
@@ -46,6 +47,13 @@ double peak_memory_bytes(const at::Device& device) {
   struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);
   return static_cast<double>(usage.ru_maxrss) * 1024.0;
+}
+
+std::optional<double> cuda_device_memory_bytes() {
+#ifdef KEEL_WITH_CUDA
+  if (c10::cuda::device_count() > 0) return static_cast<double>(at::cuda::getDeviceProperties(0)->totalGlobalMem);
+#endif
+  return std::nullopt;
 }
 
 void synchronize(const at::Device& device) {

@@ -3,6 +3,8 @@
 
 #include <ATen/ATen.h>
 
+#include <optional>
+
 namespace keel {
 
 /// Whether this LibTorch sees a CUDA device.
@@ -12,6 +14,8 @@ at::Device resolve_device(const std::string& kind, int local_rank);
 /// Peak memory of this process on `device` so far: the CUDA caching allocator's peak, or the
 /// process's peak resident set on CPU.
 double peak_memory_bytes(const at::Device& device);
+/// Total memory of the first CUDA device this process sees, or nothing without one.
+std::optional<double> cuda_device_memory_bytes();
 /// Waits for queued work on `device` (timing only; never inside a step).
 void synchronize(const at::Device& device);
 

@@ -57,4 +57,10 @@ size_t GradientBuckets::collectives_per_step() const {
   return n;
 }
 
+int64_t GradientBuckets::bytes() const {
+  int64_t total = 0;
+  for (const at::Tensor& b : buffers_) total += static_cast<int64_t>(b.nbytes());
+  return total;
+}
+
 }  // namespace keel

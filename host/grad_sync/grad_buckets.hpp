@@ -26,6 +26,8 @@ class GradientBuckets {
   void reduce();
   /// Number of all-reduces one reduce() issues on this rank (0 when dp = 1).
   size_t collectives_per_step() const;
+  /// Bytes of the flat buffers (every gradient of this rank).
+  int64_t bytes() const;
 
  private:
   struct Bucket {

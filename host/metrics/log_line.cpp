@@ -66,6 +66,13 @@ std::vector<std::string> wrapped(const std::vector<std::string>& items, size_t w
   return lines;
 }
 
+// Which rank the peak is, when there are several.
+std::string peak_rank(const StepRecord& r) {
+  if (r.peak_memory_by_rank.size() < 2) return "";
+  const auto largest = std::max_element(r.peak_memory_by_rank.begin(), r.peak_memory_by_rank.end());
+  return format(" max (rank %ld)", static_cast<long>(largest - r.peak_memory_by_rank.begin()));
+}
+
 }  // namespace
 
 std::vector<std::string> step_lines(const StepRecord& r, size_t width) {
@@ -75,7 +82,7 @@ std::vector<std::string> step_lines(const StepRecord& r, size_t width) {
                                     format("lr %.3e", r.lr),
                                     human_count(r.tokens_per_second) + " tok/s",
                                     "eta " + human_duration(r.eta_seconds),
-                                    "mem " + human_bytes(r.peak_memory_bytes)};
+                                    "mem " + human_bytes(r.peak_memory_bytes) + peak_rank(r)};
   for (const LogFigure& f : log_figures(r.plugin_metrics)) items.push_back(format("%s %.4f", f.label.c_str(), f.value));
   if (r.skipped) items.push_back("update skipped (non-finite gradients)");
   std::vector<std::string> lines = wrapped(items, width);

@@ -36,6 +36,9 @@ void MetricsLog::write(const StepRecord& r) {
   j["tokens_per_second"] = json_number(r.tokens_per_second);
   j["eta_seconds"] = json_number(r.eta_seconds);
   j["peak_memory_bytes"] = json_number(r.peak_memory_bytes);
+  nlohmann::json by_rank = nlohmann::json::array();
+  for (double bytes : r.peak_memory_by_rank) by_rank.push_back(json_number(bytes));
+  j["peak_memory_bytes_by_rank"] = by_rank;
   j["skipped"] = r.skipped;
   for (const auto& [name, value] : r.plugin_metrics) j[name] = json_number(value);
   for (const auto& [name, value] : r.validation) j[name] = json_number(value);

@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace keel {
 
@@ -15,8 +16,9 @@ struct StepRecord {
   int64_t step = 0, total_steps = 0;
   double loss = 0, grad_norm = 0, lr = 0;
   double tokens_per_second = 0, eta_seconds = 0;
-  double peak_memory_bytes = 0;
-  bool skipped = false;  ///< the update was skipped (non-finite gradients)
+  double peak_memory_bytes = 0;             ///< the largest of peak_memory_by_rank
+  std::vector<double> peak_memory_by_rank;  ///< each rank's peak so far, by world rank
+  bool skipped = false;                     ///< the update was skipped (non-finite gradients)
   std::map<std::string, double> plugin_metrics;
   /// The evaluation after this step, if any: "val_loss", the model's "val_<name>" figures,
   /// "val_tokens" and "val_seconds".

@@ -27,6 +27,10 @@ AdamW::AdamW(std::vector<OptimParam> params, AdamWOptions options) : params_(std
     if (!g->params.empty()) groups_.push_back(std::move(*g));
 }
 
+int64_t AdamW::state_bytes(const at::Tensor& param) {
+  return 2 * static_cast<int64_t>(param.nbytes()) + static_cast<int64_t>(sizeof(float));
+}
+
 void AdamW::step(const at::Tensor& lr, const at::Tensor& found_inf) {
   for (Group& g : groups_) {
     // As torch.optim.AdamW(fused=True): the kernel reads the incremented step count and skips

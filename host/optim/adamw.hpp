@@ -37,6 +37,9 @@ class AdamW {
   const std::vector<at::Tensor>& exp_avg_sq() const { return exp_avg_sq_; }
   /// Step counts (0-dim float tensors), by parameter.
   const std::vector<at::Tensor>& steps() const { return steps_; }
+  /// Bytes of state AdamW allocates for `param`: two moments of its shape and dtype and a
+  /// 4-byte step count (what the constructor allocates; a memory plan reads it).
+  static int64_t state_bytes(const at::Tensor& param);
 
  private:
   struct Group {

@@ -1,9 +1,13 @@
 #include "train/dry_run.hpp"
 
+#include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <vector>
 
 #include "common/text.hpp"
+#include "device/device.hpp"
+#include "memory/state_memory.hpp"
 
 namespace keel {
 
@@ -54,6 +58,35 @@ std::string describe_part(const ModelPart& part, const std::vector<int>& ranks) 
                 part.buffers().size(), replicas.empty() ? "" : cat(", REPLICA: ", join(replicas, ", ")).c_str());
 }
 
+// The plan's verdict against the memory of one device: the configured figure, else the GPU's.
+void print_fit(const JobConfig& config, const std::vector<StateBytes>& by_rank) {
+  const std::optional<double> gpu = cuda_device_memory_bytes();
+  const double limit =
+      config.training.device_memory_gb > 0 ? config.training.device_memory_gb * double(1 << 30) : gpu.value_or(0);
+  if (limit <= 0) {
+    std::printf("  no device memory to check against (set training.device_memory_gb)\n");
+    return;
+  }
+  const char* source = config.training.device_memory_gb > 0 ? "training.device_memory_gb" : "this machine's GPU";
+  std::vector<size_t> over;
+  int64_t largest = 0;
+  for (size_t rank = 0; rank < by_rank.size(); ++rank) {
+    largest = std::max(largest, by_rank[rank].total());
+    if (static_cast<double>(by_rank[rank].total()) > limit) over.push_back(rank);
+  }
+  if (over.empty()) {
+    std::printf("  every rank's state fits in %s per device (%s): the largest takes %s, %.0f %%, before activations\n",
+                human_bytes(limit).c_str(), source, human_bytes(static_cast<double>(largest)).c_str(),
+                100.0 * static_cast<double>(largest) / limit);
+    return;
+  }
+  std::printf(
+      "  WARNING: %zu rank(s) will not fit in %s per device (%s), before activations: rank(s) %s; the largest "
+      "needs %s\n",
+      over.size(), human_bytes(limit).c_str(), source, describe_ranks(over).c_str(),
+      human_bytes(static_cast<double>(largest)).c_str());
+}
+
 }  // namespace
 
 std::map<std::string, ParamCount> count_parameters(const Job& job) {
@@ -69,6 +102,7 @@ std::map<std::string, ParamCount> count_parameters(const Job& job) {
 void print_dry_run(const RunOptions& options) {
   std::unique_ptr<Job> first = Job::offline(options, 0);
   const MeshLayout mesh = first->mesh().layout();
+  const JobConfig config = first->config();  // `first` is handed on below
   std::printf("model %s from %s\n", first->config().model.component.c_str(), first->model_path().c_str());
   std::printf("clipper %s from %s\n", first->config().clipper.component.c_str(), first->clipper_path().c_str());
   std::printf("mesh: pp %d x dp %d (ep %d, edp %d), %d rank(s), schedule %s, %d microbatch(es)\n", mesh.pp, mesh.dp,
@@ -76,6 +110,7 @@ void print_dry_run(const RunOptions& options) {
               first->config().parallelism.microbatches);
   // Ranks differ only by stage and expert shard: the dp replicas of a shard hold the same part.
   std::map<std::string, ParamCount> totals;
+  std::vector<StateBytes> state_by_rank(static_cast<size_t>(mesh.world()));
   for (int stage = 0; stage < mesh.pp; ++stage)
     for (int shard = 0; shard < mesh.ep; ++shard) {
       std::unique_ptr<Job> view =
@@ -83,6 +118,8 @@ void print_dry_run(const RunOptions& options) {
       std::vector<int> ranks;
       for (int d = shard; d < mesh.dp; d += mesh.ep) ranks.push_back(mesh.rank_of(stage, d));
       for (ModelPart* part : view->parts()) std::fputs(describe_part(*part, ranks).c_str(), stdout);
+      const StateBytes state = planned_state_bytes(view->parts());
+      for (int r : ranks) state_by_rank[static_cast<size_t>(r)] = state;
       if (shard != 0) continue;  // shards are counted at their global size once per stage
       for (const auto& [group, count] : count_parameters(*view)) {
         ParamCount& t = totals[group];
@@ -94,6 +131,11 @@ void print_dry_run(const RunOptions& options) {
   for (const auto& [group, count] : totals)
     if (!group.empty()) std::fputs(line(group, count).c_str(), stdout);
   std::fputs(line("total", totals[""]).c_str(), stdout);
+  // The state a trainer allocates per rank (the trainer logs the same lines from its tensors);
+  // activations come on top and depend on the schedule: not estimated here.
+  std::printf("memory plan, training state per rank (parameters, gradients, AdamW, buffers; activations on top):\n");
+  for (const std::string& l : state_lines_by_rank(state_by_rank)) std::printf("  %s\n", l.c_str());
+  print_fit(config, state_by_rank);
   std::fflush(stdout);
 }
 

@@ -1,8 +1,11 @@
 #include "train/step_log.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
+#include <stdexcept>
 
+#include "common/text.hpp"
 #include "device/device.hpp"
 
 namespace keel {
@@ -27,6 +30,18 @@ std::vector<std::pair<std::string, double>> scalars(const StepRecord& r) {
   out.insert(out.end(), r.plugin_metrics.begin(), r.plugin_metrics.end());
   out.insert(out.end(), r.validation.begin(), r.validation.end());
   return out;
+}
+
+// Every rank's peak memory so far, by world rank. [collective: world]
+std::vector<double> peaks_by_rank(Job& job) {
+  std::vector<double> peaks;
+  for (const std::string& text :
+       all_gather_bytes(job.mesh().group(KEEL_GROUP_WORLD), format("%.17g", peak_memory_bytes(job.device())))) {
+    char* end = nullptr;
+    peaks.push_back(std::strtod(text.c_str(), &end));
+    if (end == text.c_str() || *end != '\0') throw std::runtime_error(cat("a rank's peak memory is malformed: ", text));
+  }
+  return peaks;
 }
 
 }  // namespace
@@ -62,7 +77,8 @@ StepRecord StepLog::write(int64_t step, double loss, double lr, const at::Tensor
   r.lr = lr;
   r.tokens_per_second = seconds > 0 ? tokens_per_step * static_cast<double>(interval_steps_) / seconds : 0;
   r.eta_seconds = seconds / static_cast<double>(interval_steps_) * static_cast<double>(c.training.steps - step);
-  r.peak_memory_bytes = peak_memory_bytes(job_.device());
+  r.peak_memory_by_rank = peaks_by_rank(job_);
+  r.peak_memory_bytes = *std::max_element(r.peak_memory_by_rank.begin(), r.peak_memory_by_rank.end());
   r.skipped = found_inf.item<float>() != 0.0f;
   r.plugin_metrics = job_.step_metrics().resolve_across(job_.mesh().group(KEEL_GROUP_WORLD));
   if (validation != nullptr) {

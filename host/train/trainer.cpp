@@ -15,6 +15,7 @@
 #include "common/log.hpp"
 #include "common/text.hpp"
 #include "device/device.hpp"
+#include "memory/state_memory.hpp"
 #include "train/data_sources.hpp"
 #include "train/replica_guard.hpp"
 
@@ -84,6 +85,18 @@ void Trainer::build_optimizer() {
   schedule_ = std::make_unique<LrSchedule>(c.optimizer.lr, c.lr_scheduler.warmup_steps, c.training.steps,
                                            c.lr_scheduler.decay, c.lr_scheduler.min_lr_ratio);
   lr_ = at::full({}, schedule_->at(1), at::TensorOptions().dtype(at::kFloat).device(job_.device()));
+  log_state_memory();
+}
+
+void Trainer::log_state_memory() {
+  // Every rank's state as allocated, in the lines of the dry run's memory plan: the plan can
+  // be checked against them.
+  std::vector<StateBytes> by_rank;
+  const StateBytes mine = held_state_bytes(job_.parts(), *grads_, *optimizer_);
+  for (const std::string& text : all_gather_bytes(job_.mesh().group(KEEL_GROUP_WORLD), encode_state_bytes(mine)))
+    by_rank.push_back(decode_state_bytes(text));
+  if (job_.mesh().layout().rank != 0) return;
+  for (const std::string& line : state_lines_by_rank(by_rank)) log_info("training state, " + line);
 }
 
 void Trainer::build_step_program() {

@@ -93,6 +93,7 @@ class Trainer {
   void init_parameters();
   void post_init();
   void build_optimizer();
+  void log_state_memory();  // [collective: world]
   void build_step_program();
   void open_data();
   // The step.

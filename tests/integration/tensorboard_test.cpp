@@ -38,8 +38,9 @@ Curves jsonl_curves(const std::string& path) {
   std::istringstream in(test::read_file(path));
   for (std::string line; std::getline(in, line);) {
     auto record = nlohmann::json::parse(line);
-    for (const auto& [key, value] : record.items())
-      if (key != "step" && key != "skipped") curves[key].emplace_back(record["step"], number_from_json(value));
+    for (const auto& [key, value] : record.items())  // every scalar; per-rank lists are not
+      if (key != "step" && key != "skipped" && !value.is_array())
+        curves[key].emplace_back(record["step"], number_from_json(value));
   }
   return curves;
 }

@@ -73,6 +73,16 @@ TEST(LogLine, EveryLineFitsAndTheHostFiguresComeFirst) {
   EXPECT_LE(lines.size(), 3u) << all;
 }
 
+TEST(LogLine, ThePeakMemoryIsTheLargestRanksAndNamesIt) {
+  StepRecord r;
+  r.peak_memory_bytes = 3.0 * (1 << 30);
+  r.peak_memory_by_rank = {1.0 * (1 << 30), 2.0 * (1 << 30), 3.0 * (1 << 30), 2.5 * (1 << 30)};
+  EXPECT_NE(step_lines(r, 200)[0].find(" | mem 3.0 GiB max (rank 2)"), std::string::npos) << step_lines(r, 200)[0];
+  r.peak_memory_by_rank = {3.0 * (1 << 30)};  // one rank: nothing to name
+  EXPECT_NE(step_lines(r, 200)[0].find(" | mem 3.0 GiB"), std::string::npos);
+  EXPECT_EQ(step_lines(r, 200)[0].find(" max (rank"), std::string::npos) << step_lines(r, 200)[0];
+}
+
 TEST(LogLine, FiguresThatFitStayOnTheFirstLine) {
   StepRecord r;
   r.step = 6;
