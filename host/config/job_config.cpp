@@ -105,6 +105,7 @@ JobConfig read_job_config(ConfigTree& tree, int world_size, bool cuda_available)
   c.parallelism.microbatches = par.integer_as<int>("microbatches", 1, 1, kMaxMicrobatches);
   c.parallelism.timeout_s = par.integer_as<int>("timeout_s", 300, 1, kMaxTimeoutSeconds);
   c.parallelism.grad_bucket_mb = par.integer("grad_bucket_mb", 25, 0, kMaxBucketMb);
+  c.parallelism.overlap_grad_reduce = par.boolean("overlap_grad_reduce", true);
   c.parallelism.layers_per_stage = par.integers("layers_per_stage", {});
   for (int64_t layers : c.parallelism.layers_per_stage)
     if (layers < 0 || layers > kMaxLayersPerStage)

@@ -29,6 +29,7 @@ struct ParallelismSection {
   int timeout_s = 300;                    ///< collectives and the rendezvous give up after this
   std::vector<int64_t> layers_per_stage;  ///< explicit stage split; empty = balanced by layer count
   int64_t grad_bucket_mb = 25;            ///< data-parallel gradient all-reduce bucket size (0: per parameter)
+  bool overlap_grad_reduce = true;        ///< reduce each bucket during the last backward, once it is final
 };
 
 struct TrainingSection {

@@ -4,12 +4,21 @@
 // per bucket of about `bucket_bytes`, all in flight at once. The views are set once and never
 // freed: autograd accumulates into them in place, and clippers and the optimizer see them as
 // ordinary .grad() tensors.
+//
+// With overlap, arm() before the step's last backward pass: a hook after each gradient's
+// accumulation counts it final, and each bucket's all-reduce starts as soon as every gradient
+// in it is (grad_sync/launch_order.hpp), while backward goes on; reduce() starts the rest and
+// waits. Each bucket is summed alone either way, so the result is bitwise the same.
 #pragma once
 
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <vector>
+
+#include "grad_sync/launch_order.hpp"
 
 #include "mesh/mesh.hpp"
 #include "plugins/components.hpp"
@@ -18,12 +27,22 @@ namespace keel {
 
 class GradientBuckets {
  public:
-  /// Gives every parameter in `params` a zeroed gradient view into its group's flat buffer.
-  GradientBuckets(const std::vector<ParamRef>& params, Mesh& mesh, int64_t bucket_bytes);
+  /// Gives every parameter in `params` a zeroed gradient view into its group's flat buffer;
+  /// with `overlap`, hooks each gradient's accumulation for arm().
+  GradientBuckets(const std::vector<ParamRef>& params, Mesh& mesh, int64_t bucket_bytes, bool overlap = false);
+  ~GradientBuckets();
+  GradientBuckets(const GradientBuckets&) = delete;
+  GradientBuckets& operator=(const GradientBuckets&) = delete;
   /// Zeroes every gradient in place.
   void zero();
-  /// SUM-reduces every gradient over its group (dense: dp, expert: edp). [collective: dp, edp]
+  /// The next backward pass is the step's last for these gradients: each bucket starts its
+  /// reduction once every gradient in it is accumulated. No-op without overlap.
+  void arm();
+  /// SUM-reduces every gradient over its group (dense: dp, expert: edp): starts what arm() did
+  /// not, then waits for all. [collective: dp, edp]
   void reduce();
+  /// Buckets the last reduce() found already started during backward.
+  size_t started_during_backward() const { return started_during_backward_; }
   /// Number of all-reduces one reduce() issues on this rank (0 when dp = 1).
   size_t collectives_per_step() const;
   /// Bytes of the flat buffers (every gradient of this rank).
@@ -33,9 +52,22 @@ class GradientBuckets {
   struct Bucket {
     at::Tensor flat;  ///< a contiguous slice of a buffer
     Group* group = nullptr;
+    int64_t gradients = 0;  ///< parameters whose gradient lies in it
   };
+  class FinalGradientHook;
+  void gradient_final(size_t bucket);
+  void start(const std::vector<size_t>& reduced);
+
   std::vector<at::Tensor> buffers_;
   std::vector<Bucket> buckets_;
+  std::vector<size_t> reduced_;         ///< buckets whose group has several members
+  std::unique_ptr<LaunchOrder> order_;  ///< over reduced_'s positions
+  std::vector<at::Tensor> hooked_;      ///< parameters holding a FinalGradientHook
+  std::mutex mutex_;                    ///< hooks may run on autograd's device threads
+  bool overlap_ = false;
+  bool armed_ = false;
+  std::vector<std::unique_ptr<Work>> pending_;
+  size_t started_during_backward_ = 0;
 };
 
 }  // namespace keel

@@ -38,6 +38,8 @@ PipelineRunner::PipelineRunner(ModelPart& part, Group& pp, const std::string& sc
   if (pp.size() != stages_)
     throw std::invalid_argument(cat("pipeline: the pp group has ", pp.size(), " ranks for ", stages_, " stages"));
   actions_ = stage_actions(schedule, stage_, stages_, microbatches);
+  for (size_t i = 0; i < actions_.size(); ++i)
+    if (actions_[i].kind != PipelineAction::forward) last_backward_ = i;
 }
 
 at::Tensor PipelineRunner::receive(const std::vector<int64_t>& shape, int peer, int tag) {
@@ -72,7 +74,8 @@ at::Tensor PipelineRunner::run(const std::vector<at::Tensor>& tokens, const std:
   timing_ = {};
   const Clock::time_point start = Clock::now();
 
-  for (const PipelineAction& action : actions_) {
+  for (size_t index = 0; index < actions_.size(); ++index) {
+    const PipelineAction& action = actions_[index];
     const int mb = action.microbatch;
     if (mb >= microbatches) throw std::logic_error("pipeline: schedule and batch disagree on microbatches");
     InFlight& f = flight[static_cast<size_t>(mb)];
@@ -96,6 +99,7 @@ at::Tensor PipelineRunner::run(const std::vector<at::Tensor>& tokens, const std:
     } else {
       at::Tensor grad;
       if (!last) grad = receive(shape, stage_ + 1, gradient_tag(mb));
+      if (index == last_backward_ && before_last_backward_) before_last_backward_();
       const Clock::time_point busy = Clock::now();
       if (last)
         (f.output / loss_divisor).backward();

@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,9 @@ class PipelineRunner {
   /// activation is dropped once sent). Returns the sum of the last stage's loss sums as a 0-dim
   /// fp32 device tensor, zero on other stages. [collective: pp]
   at::Tensor evaluate(const std::vector<at::Tensor>& tokens, const std::vector<at::Tensor>& labels);
+  /// `hook` runs on every run() just before this rank's last backward pass of the step (where
+  /// the gradients of its part become final: the overlapped gradient reduction arms there).
+  void set_before_last_backward(std::function<void()> hook) { before_last_backward_ = std::move(hook); }
   /// The timing of the last run().
   const ScheduleTiming& timing() const { return timing_; }
 
@@ -56,6 +60,8 @@ class PipelineRunner {
   at::Device device_;
   int stage_, stages_;
   ScheduleTiming timing_;
+  std::function<void()> before_last_backward_;
+  size_t last_backward_ = 0;  ///< index of this rank's last backward action
 };
 
 }  // namespace keel

@@ -73,10 +73,14 @@ void Trainer::post_init() {
 
 void Trainer::build_optimizer() {
   const JobConfig& c = job_.config();
-  grads_ = std::make_unique<GradientBuckets>(params_, job_.mesh(), c.parallelism.grad_bucket_mb << 20);
+  grads_ = std::make_unique<GradientBuckets>(params_, job_.mesh(), c.parallelism.grad_bucket_mb << 20,
+                                             c.parallelism.overlap_grad_reduce);
   if (grads_->collectives_per_step() > 0 && job_.mesh().layout().dp_index == 0)
     log_info(cat("gradient reduction: ", grads_->collectives_per_step(), " all-reduce(s) per step over dp/edp (",
-                 c.parallelism.grad_bucket_mb, " MiB buckets)"));
+                 c.parallelism.grad_bucket_mb, " MiB buckets), ",
+                 c.parallelism.overlap_grad_reduce
+                     ? "each started during the last backward once its gradients are final"
+                     : "after the backward (parallelism.overlap_grad_reduce = false)"));
   std::vector<OptimParam> optim_params;
   for (ParamRef& p : params_) optim_params.push_back({p.fqn(), p.tensor(), decays(p.fqn(), c.optimizer.no_decay)});
   optimizer_ = std::make_unique<AdamW>(
@@ -129,6 +133,9 @@ void Trainer::open_data() {
   runner_ = std::make_unique<PipelineRunner>(
       *job_.parts().front(), job_.mesh().group(KEEL_GROUP_PP), c.parallelism.schedule, c.parallelism.microbatches,
       job_.model().info().hidden_size, c.training.dtype == "bf16" ? at::kBFloat16 : at::kFloat, job_.device());
+  runner_->set_before_last_backward([this] {
+    if (!poisons_) grads_->arm();
+  });
   if (c.validation.interval > 0)
     evaluator_ = std::make_unique<Evaluator>(job_, *runner_, open_validation_source(job_, *source_), eos);
 }
@@ -150,12 +157,26 @@ double Trainer::step(int64_t step, bool read_loss) {
   const std::vector<at::Tensor> buffers_before = keep_buffers();
 
   grads_->zero();
+  // A gradient poisoned after the backward must be poisoned before its bucket is reduced.
+  poisons_ = step == c.debug.nan_grad_step && job_.mesh().layout().rank == c.debug.nan_grad_rank;
   const int m = c.parallelism.microbatches;
   at::Tensor loss_total = runner_->run(batch.tokens.chunk(m, 0), batch.labels.chunk(m, 0), global_tokens);
   if (job_.mesh().layout().pp > 1 && read_loss) report_pipeline_bubble();
-  if (step == c.debug.nan_grad_step && job_.mesh().layout().rank == c.debug.nan_grad_rank) poison_gradient(step);
+  if (poisons_) poison_gradient(step);
 
+  const auto reduce_start = std::chrono::steady_clock::now();
   grads_->reduce();
+  if (read_loss && grads_->collectives_per_step() > 0 && !job_.device().is_cuda()) {
+    // What of the reduction the backward pass did not hide: the host's wait for it (on CUDA
+    // the wait only orders streams, so nothing is reported there).
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - reduce_start).count();
+    job_.step_metrics().report("grad_reduce_wait_seconds", at::full({}, waited, at::kDouble), KEEL_METRIC_MAX);
+  }
+  if (step == start_step_ + 1 && grads_->collectives_per_step() > 0 && c.parallelism.overlap_grad_reduce &&
+      job_.mesh().layout().rank == 0)
+    log_info(cat("gradient reduction overlapped: ", grads_->started_during_backward(), " of ",
+                 grads_->collectives_per_step(), " bucket(s) started before the backward pass ended (step ", step,
+                 ")"));
   if (time_program_) synchronize(job_.device());
   const auto program_start = std::chrono::steady_clock::now();
   program_->run();  // pre_clip -> clip -> non-finite guard -> AdamW, eager or replayed

@@ -128,6 +128,7 @@ class Trainer {
   bool time_program_ = false;
   double program_seconds_ = 0;
   int64_t start_step_ = 0;
+  bool poisons_ = false;     ///< this step poisons a gradient after the backward (debug.nan_grad_step)
   int64_t saved_step_ = -1;  ///< the step this run last saved a checkpoint of
   /// Declared last, destroyed first: a background save finishes before what it saves goes.
   std::unique_ptr<TrainState> state_;
