@@ -13,6 +13,7 @@ class GradientBuckets::FinalGradientHook : public torch::autograd::PostAccumulat
  public:
   FinalGradientHook(GradientBuckets& owner, size_t position) : owner_(owner), position_(position) {}
   void operator()(const torch::autograd::Variable& /*param*/) override { owner_.gradient_final(position_); }
+  const GradientBuckets* owner() const { return &owner_; }
 
  private:
   GradientBuckets& owner_;
@@ -79,7 +80,12 @@ GradientBuckets::GradientBuckets(const std::vector<ParamRef>& params, Mesh& mesh
 }
 
 GradientBuckets::~GradientBuckets() {
-  for (const at::Tensor& param : hooked_) torch::autograd::impl::set_post_acc_grad_hooks(param, nullptr);
+  // Only this object's hooks go: a later GradientBuckets over the same parameters keeps its own.
+  for (const at::Tensor& param : hooked_) {
+    std::unique_ptr<torch::autograd::PostAccumulateGradHook>& hook = torch::autograd::impl::post_acc_grad_hooks(param);
+    const auto* mine = dynamic_cast<const FinalGradientHook*>(hook.get());
+    if (mine != nullptr && mine->owner() == this) hook.reset();
+  }
 }
 
 void GradientBuckets::zero() {
