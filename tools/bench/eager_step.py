@@ -32,13 +32,14 @@ def main():
     args["route_norm"] = bool(args["route_norm"])
     params = {k[6:]: v.clone().requires_grad_(True) for k, v in tensors.items() if k.startswith("param.")}
     buffers = {k[7:]: v for k, v in tensors.items() if k.startswith("buffer.")}
-    tokens, labels = tensors["tokens"], tensors["labels"]
+    # The reference reads the batch as one sequence t_0 .. t_S; deepseek_dump stores it.
+    sequence, labels = tensors["sequence"], tensors["labels"]
     optimizer = torch.optim.AdamW(params.values(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
     times = []
     for step in range(warmup + steps):
         start = time.perf_counter()
         optimizer.zero_grad()
-        _, _, main_sum, mtp_sums = reference.forward(params, buffers, args, tokens, labels)
+        _, _, main_sum, mtp_sums = reference.forward(params, buffers, args, sequence)
         loss = (main_sum + args["mtp_loss_scale"] / max(len(mtp_sums), 1) * sum(mtp_sums)) / labels.numel()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params.values(), 1.0)
