@@ -45,11 +45,16 @@ at::Tensor Attention::forward(const at::Tensor& x, const RopeTables& rope) const
   at::Tensor kv = at::linear(rms_norm(kv_parts[0], *kv_norm_, a.norm_eps), *wkv_b_)
                       .view({b, s, h, a.qk_nope_head_dim + a.v_head_dim});
   std::vector<at::Tensor> k_v = kv.split({a.qk_nope_head_dim, a.v_head_dim}, -1);
-  at::Tensor query = at::cat({q_parts[0], q_rope}, -1).transpose(1, 2);
-  at::Tensor key = at::cat({k_v[0], k_rope.expand({b, s, h, a.qk_rope_head_dim})}, -1).transpose(1, 2);
-  at::Tensor value = k_v[1].transpose(1, 2);
-  at::Tensor out =
-      at::scaled_dot_product_attention(query, key, value, std::nullopt, 0.0, /*is_causal=*/true, softmax_scale(a));
+  // The scores of the no-rope and rope parts apart, [b, h, s, s]: the rope key is one head
+  // that broadcasts over all, so no query or key is concatenated and no key expanded (whose
+  // copies and gradient splits cost more than the attention here), and query/key heads of 192
+  // against value heads of 128 would push LibTorch's SDPA onto its unfused path anyway.
+  at::Tensor scores = at::matmul(q_parts[0].transpose(1, 2), k_v[0].permute({0, 2, 3, 1})) +
+                      at::matmul(q_rope.transpose(1, 2), k_rope.permute({0, 2, 3, 1}));
+  const at::Tensor future = at::ones({s, s}, x.options().dtype(at::kBool)).triu(1);
+  at::Tensor probs = at::softmax(
+      (scores * softmax_scale(a)).masked_fill(future, -std::numeric_limits<double>::infinity()), -1, at::kFloat);
+  at::Tensor out = at::matmul(probs.to(scores.scalar_type()), k_v[1].transpose(1, 2));
   return at::linear(out.transpose(1, 2).reshape({b, s, h * a.v_head_dim}), *wo_);
 }
 
