@@ -30,6 +30,7 @@ struct ParallelismSection {
   std::vector<int64_t> layers_per_stage;  ///< explicit stage split; empty = balanced by layer count
   int64_t grad_bucket_mb = 25;            ///< data-parallel gradient all-reduce bucket size (0: per parameter)
   bool overlap_grad_reduce = true;        ///< reduce each bucket during the last backward, once it is final
+  bool shard_optimizer = false;           ///< ZeRO-1: AdamW's state sharded over dp (dense) and edp (experts)
 };
 
 struct TrainingSection {

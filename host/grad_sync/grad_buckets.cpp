@@ -4,7 +4,6 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <map>
-#include <tuple>
 
 namespace keel {
 
@@ -21,42 +20,16 @@ class GradientBuckets::FinalGradientHook : public torch::autograd::PostAccumulat
 };
 
 GradientBuckets::GradientBuckets(const std::vector<ParamRef>& params, Mesh& mesh, int64_t bucket_bytes, bool overlap)
-    : overlap_(overlap) {
-  // One buffer per (group, dtype, device), parameters in their listed order: every member of a
-  // group lists the same parameters in the same order, so the buckets line up across ranks.
-  using Key = std::tuple<bool, at::ScalarType, std::string>;
-  std::map<Key, std::vector<const ParamRef*>> by_buffer;
-  std::vector<Key> order;
-  for (const ParamRef& p : params) {
-    Key key{p.expert(), p.tensor().scalar_type(), p.tensor().device().str()};
-    if (by_buffer.find(key) == by_buffer.end()) order.push_back(key);
-    by_buffer[key].push_back(&p);
-  }
-  std::vector<std::pair<at::Tensor, size_t>> bucket_of;  // each parameter and its bucket
-  for (const Key& key : order) {
-    const std::vector<const ParamRef*>& members = by_buffer[key];
-    int64_t total = 0;
-    for (const ParamRef* p : members) total += p->tensor().numel();
-    const at::Tensor& like = members.front()->tensor();
-    at::Tensor buffer = at::zeros({total}, like.options().requires_grad(false));
-    buffers_.push_back(buffer);
-    Group* group = &mesh.group(std::get<0>(key) ? KEEL_GROUP_EDP : KEEL_GROUP_DP);
-    const int64_t bucket_elements = std::max<int64_t>(1, bucket_bytes / static_cast<int64_t>(like.element_size()));
-    int64_t offset = 0, bucket_start = 0, gradients = 0;
-    for (const ParamRef* p : members) {
-      const int64_t n = p->tensor().numel();
-      p->tensor().mutable_grad() = buffer.narrow(0, offset, n).view(p->tensor().sizes());
-      bucket_of.emplace_back(p->tensor(), buckets_.size());
-      offset += n;
-      ++gradients;
-      if (offset - bucket_start >= bucket_elements) {
-        buckets_.push_back({buffer.narrow(0, bucket_start, offset - bucket_start), group, gradients});
-        bucket_start = offset;
-        gradients = 0;
-      }
+    : layout_(plan_buckets(params, bucket_bytes)), overlap_(overlap) {
+  for (const BufferSpan& b : layout_.buffers) buffers_.push_back(at::zeros({b.numel}, b.options));
+  for (const BucketSpan& span : layout_.buckets) {
+    at::Tensor flat = buffers_[span.buffer].narrow(0, span.start, span.numel);
+    for (const BucketMember& m : span.members) {
+      const at::Tensor& param = params[m.param].tensor();
+      param.mutable_grad() = flat.narrow(0, m.offset, m.numel).view(param.sizes());
     }
-    if (offset > bucket_start)
-      buckets_.push_back({buffer.narrow(0, bucket_start, offset - bucket_start), group, gradients});
+    buckets_.push_back(
+        {flat, &mesh.group(span.expert ? KEEL_GROUP_EDP : KEEL_GROUP_DP), static_cast<int64_t>(span.members.size())});
   }
   // Only groups of several members reduce; their buckets are numbered in reduced_.
   std::map<Group*, int> group_ids;
@@ -72,10 +45,13 @@ GradientBuckets::GradientBuckets(const std::vector<ParamRef>& params, Mesh& mesh
   }
   order_ = std::make_unique<LaunchOrder>(group_of, counts);
   if (!overlap_) return;
-  for (const auto& [param, bucket] : bucket_of) {
-    if (position[bucket] == SIZE_MAX) continue;
-    torch::autograd::impl::set_post_acc_grad_hooks(param, std::make_unique<FinalGradientHook>(*this, position[bucket]));
-    hooked_.push_back(param);
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (position[b] == SIZE_MAX) continue;
+    for (const BucketMember& m : layout_.buckets[b].members) {
+      const at::Tensor& param = params[m.param].tensor();
+      torch::autograd::impl::set_post_acc_grad_hooks(param, std::make_unique<FinalGradientHook>(*this, position[b]));
+      hooked_.push_back(param);
+    }
   }
 }
 

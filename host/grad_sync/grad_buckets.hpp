@@ -18,6 +18,7 @@
 #include <mutex>
 #include <vector>
 
+#include "grad_sync/bucket_layout.hpp"
 #include "grad_sync/launch_order.hpp"
 
 #include "mesh/mesh.hpp"
@@ -47,6 +48,8 @@ class GradientBuckets {
   size_t collectives_per_step() const;
   /// Bytes of the flat buffers (every gradient of this rank).
   int64_t bytes() const;
+  /// The buffers and buckets, by index into the parameters given to the constructor.
+  const BucketLayout& layout() const { return layout_; }
 
  private:
   struct Bucket {
@@ -58,8 +61,9 @@ class GradientBuckets {
   void gradient_final(size_t bucket);
   void start(const std::vector<size_t>& reduced);
 
+  BucketLayout layout_;
   std::vector<at::Tensor> buffers_;
-  std::vector<Bucket> buckets_;
+  std::vector<Bucket> buckets_;         ///< by layout_.buckets' index
   std::vector<size_t> reduced_;         ///< buckets whose group has several members
   std::unique_ptr<LaunchOrder> order_;  ///< over reduced_'s positions
   std::vector<at::Tensor> hooked_;      ///< parameters holding a FinalGradientHook

@@ -17,16 +17,22 @@ std::string figure(const char* label, int64_t bytes) {
 
 }  // namespace
 
-StateBytes planned_state_bytes(const std::vector<ModelPart*>& parts) {
+StateBytes planned_state_bytes(const std::vector<ModelPart*>& parts, const OptimizerLayout& optimizer) {
   StateBytes s;
+  std::vector<ParamRef> params;
+  std::vector<at::Tensor> tensors;
   for (const ModelPart* part : parts) {
     for (const ParamRef& p : part->parameters()) {
       s.parameters += bytes_of(p.tensor());
       s.gradients += bytes_of(p.tensor());
-      s.optimizer += AdamW::state_bytes(p.tensor());
+      params.push_back(p);
+      tensors.push_back(p.tensor());
     }
     for (const ParamRef& b : part->buffers()) s.buffers += bytes_of(b.tensor());
   }
+  const BucketLayout layout = plan_buckets(params, optimizer.bucket_bytes);
+  s.optimizer =
+      AdamW::state_bytes(tensors, optimizer_pieces(layout, params, optimizer.shard, optimizer.dense, optimizer.expert));
   return s;
 }
 

@@ -22,9 +22,16 @@ struct StateBytes {
   bool operator==(const StateBytes&) const = default;
 };
 
+/// How a rank's optimizer state is laid out: whole, or sharded over its groups' buckets.
+struct OptimizerLayout {
+  bool shard = false;        ///< parallelism.shard_optimizer
+  int64_t bucket_bytes = 0;  ///< parallelism.grad_bucket_mb in bytes
+  GroupSeat dense, expert;   ///< this rank in its dp and edp groups
+};
+
 /// What a trainer allocates for `parts`: every parameter, a gradient of its size in the flat
-/// buffers, AdamW's state (AdamW::state_bytes) and every buffer.
-StateBytes planned_state_bytes(const std::vector<ModelPart*>& parts);
+/// buffers, AdamW's state for the pieces this rank steps (AdamW::state_bytes) and every buffer.
+StateBytes planned_state_bytes(const std::vector<ModelPart*>& parts, const OptimizerLayout& optimizer);
 /// What a trainer did allocate: the parameters, the gradient buffers, AdamW's tensors and the
 /// parts' buffers.
 StateBytes held_state_bytes(const std::vector<ModelPart*>& parts, const GradientBuckets& grads, const AdamW& optimizer);

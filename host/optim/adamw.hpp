@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "optim/optimizer_shards.hpp"
+
 namespace keel {
 
 struct AdamWOptions {
@@ -20,26 +22,33 @@ struct OptimParam {
   bool decay = true;  ///< weight decay applies
 };
 
-/// AdamW state and step. Parameters with and without weight decay are stepped as two fused
-/// groups; every tensor list is built once.
+/// AdamW state and step over pieces of the parameters (every parameter whole, or this rank's
+/// shard of them: optim/optimizer_shards.hpp). Pieces with and without weight decay are
+/// stepped as two fused groups; every tensor list is built once.
 class AdamW {
  public:
-  AdamW(std::vector<OptimParam> params, AdamWOptions options);
+  /// State for `pieces` of `params` (empty: every parameter whole); a step count per parameter.
+  AdamW(std::vector<OptimParam> params, AdamWOptions options, std::vector<OptimPiece> pieces = {});
   /// One update with learning rate `lr` (0-dim tensor on the parameters' device); when
   /// `found_inf` (0-dim float, 1.0 = skip) is set the update and the step count are skipped
   /// on device.
   void step(const at::Tensor& lr, const at::Tensor& found_inf);
   /// The managed parameters, in order.
   const std::vector<OptimParam>& params() const { return params_; }
-  /// First moments, by parameter.
+  /// The pieces this optimizer steps, in order.
+  const std::vector<OptimPiece>& pieces() const { return pieces_; }
+  /// First moments, by piece.
   const std::vector<at::Tensor>& exp_avg() const { return exp_avg_; }
-  /// Second moments, by parameter.
+  /// Second moments, by piece.
   const std::vector<at::Tensor>& exp_avg_sq() const { return exp_avg_sq_; }
   /// Step counts (0-dim float tensors), by parameter.
   const std::vector<at::Tensor>& steps() const { return steps_; }
-  /// Bytes of state AdamW allocates for `param`: two moments of its shape and dtype and a
-  /// 4-byte step count (what the constructor allocates; a memory plan reads it).
-  static int64_t state_bytes(const at::Tensor& param);
+  /// The slice of `tensor` (a parameter, its gradient or a tensor of its shape) `piece` covers.
+  static at::Tensor piece_of(const at::Tensor& tensor, const OptimPiece& piece);
+  /// Bytes of state AdamW allocates for `pieces` of `params`: two moments of each piece's
+  /// shape and dtype and a 4-byte step count per parameter (what the constructor allocates; a
+  /// memory plan reads it).
+  static int64_t state_bytes(const std::vector<at::Tensor>& params, const std::vector<OptimPiece>& pieces);
 
  private:
   struct Group {
@@ -47,6 +56,7 @@ class AdamW {
     std::vector<at::Tensor> params, grads, exp_avg, exp_avg_sq, steps;
   };
   std::vector<OptimParam> params_;
+  std::vector<OptimPiece> pieces_;
   AdamWOptions options_;
   std::vector<at::Tensor> exp_avg_, exp_avg_sq_, steps_;
   std::vector<Group> groups_;

@@ -48,10 +48,12 @@ struct StepProgram::Graph {
 };
 
 StepProgram::StepProgram(Model& model, Clipper& clipper, AdamW& optimizer, std::vector<const keel_param_info*> params,
-                         at::Tensor lr, Group& agree, CaptureDecision decision, int64_t warmup, int64_t validate)
+                         at::Tensor lr, Group& agree, CaptureDecision decision, int64_t warmup, int64_t validate,
+                         ParameterGather* gather)
     : model_(model),
       clipper_(clipper),
       optimizer_(optimizer),
+      gather_(gather),
       params_(std::move(params)),
       lr_(std::move(lr)),
       agree_(agree),
@@ -72,6 +74,7 @@ StepProgram::Result StepProgram::eager() {
   // back what clip() counted.
   r.found_inf = nonfinite_flag(r.norm);
   optimizer_.step(lr_, r.found_inf);
+  if (gather_ != nullptr) gather_->run();  // a skipped step gathers the unchanged rows
   const at::Tensor skipped = r.found_inf.to(at::kBool);
   for (size_t i = 0; i < clipper_state.size(); ++i) {
     at::Tensor& now = *clipper_state[i].second;
@@ -144,16 +147,21 @@ void StepProgram::capture() {
 void StepProgram::replay_validated() {
 #ifdef KEEL_WITH_CUDA
   // Everything the program writes, by name: parameters, gradients (pre_clip and clip write
-  // them), AdamW's state and the clipper's state.
+  // them), AdamW's state (by piece) and the clipper's state.
   std::vector<std::pair<std::string, at::Tensor>> state;
   for (size_t i = 0; i < optimizer_.params().size(); ++i) {
     const std::string& fqn = optimizer_.params()[i].fqn;
     const at::Tensor& p = optimizer_.params()[i].param;
     state.emplace_back("param " + fqn, p.detach());
     state.emplace_back("grad " + fqn, p.grad());
-    state.emplace_back("exp_avg " + fqn, optimizer_.exp_avg()[i]);
-    state.emplace_back("exp_avg_sq " + fqn, optimizer_.exp_avg_sq()[i]);
     state.emplace_back("step " + fqn, optimizer_.steps()[i]);
+  }
+  for (size_t k = 0; k < optimizer_.pieces().size(); ++k) {
+    const OptimPiece& piece = optimizer_.pieces()[k];
+    const std::string where = cat(optimizer_.params()[piece.param].fqn,
+                                  piece.whole ? std::string() : cat(" rows ", piece.first_row, "+", piece.rows));
+    state.emplace_back("exp_avg " + where, optimizer_.exp_avg()[k]);
+    state.emplace_back("exp_avg_sq " + where, optimizer_.exp_avg_sq()[k]);
   }
   for (const auto& [name, tensor] : clipper_.state()) state.emplace_back("clipper " + name, *tensor);
   std::vector<at::Tensor> before, replayed;

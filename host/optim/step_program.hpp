@@ -22,6 +22,7 @@
 
 #include "mesh/group.hpp"
 #include "optim/adamw.hpp"
+#include "optim/param_gather.hpp"
 #include "plugins/components.hpp"
 
 namespace keel {
@@ -53,9 +54,11 @@ class StepProgram {
   /// caller updates before each run); the non-finite flag is summed over `agree` (the world).
   /// With `decision.capture`, the first `warmup` runs are eager, then the program is captured
   /// and replayed; the first `validate` replays are each checked against the eager program
-  /// bitwise.
+  /// bitwise. With a sharded optimizer, `gather` (else NULL) brings every member's updated
+  /// rows to the others after AdamW.
   StepProgram(Model& model, Clipper& clipper, AdamW& optimizer, std::vector<const keel_param_info*> params,
-              at::Tensor lr, Group& agree, CaptureDecision decision, int64_t warmup, int64_t validate);
+              at::Tensor lr, Group& agree, CaptureDecision decision, int64_t warmup, int64_t validate,
+              ParameterGather* gather = nullptr);
   ~StepProgram();
 
   /// Runs this step's program. [collective: world]
@@ -80,6 +83,7 @@ class StepProgram {
   Model& model_;
   Clipper& clipper_;
   AdamW& optimizer_;
+  ParameterGather* gather_;
   std::vector<const keel_param_info*> params_;
   at::Tensor lr_;
   Group& agree_;

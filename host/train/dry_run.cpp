@@ -118,8 +118,15 @@ void print_dry_run(const RunOptions& options) {
       std::vector<int> ranks;
       for (int d = shard; d < mesh.dp; d += mesh.ep) ranks.push_back(mesh.rank_of(stage, d));
       for (ModelPart* part : view->parts()) std::fputs(describe_part(*part, ranks).c_str(), stdout);
-      const StateBytes state = planned_state_bytes(view->parts());
-      for (int r : ranks) state_by_rank[static_cast<size_t>(r)] = state;
+      for (int r : ranks) {
+        // The dp replicas of a part differ only in the optimizer rows they step, if sharded.
+        const int d = r % mesh.dp;
+        const OptimizerLayout optimizer{config.parallelism.shard_optimizer,
+                                        config.parallelism.grad_bucket_mb << 20,
+                                        {mesh.dp, d},
+                                        {mesh.edp(), d / mesh.ep}};
+        state_by_rank[static_cast<size_t>(r)] = planned_state_bytes(view->parts(), optimizer);
+      }
       if (shard != 0) continue;  // shards are counted at their global size once per stage
       for (const auto& [group, count] : count_parameters(*view)) {
         ParamCount& t = totals[group];
@@ -133,7 +140,8 @@ void print_dry_run(const RunOptions& options) {
   std::fputs(line("total", totals[""]).c_str(), stdout);
   // The state a trainer allocates per rank (the trainer logs the same lines from its tensors);
   // activations come on top and depend on the schedule: not estimated here.
-  std::printf("memory plan, training state per rank (parameters, gradients, AdamW, buffers; activations on top):\n");
+  std::printf("memory plan, training state per rank (parameters, gradients, AdamW%s, buffers; activations on top):\n",
+              config.parallelism.shard_optimizer ? " sharded over dp/edp" : "");
   for (const std::string& l : state_lines_by_rank(state_by_rank)) std::printf("  %s\n", l.c_str());
   print_fit(config, state_by_rank);
   std::fflush(stdout);

@@ -144,11 +144,19 @@ std::vector<TensorPiece> TrainState::checkpoint_pieces() const {
     const ParamRef& p = params_[i];
     if (!writes(p)) continue;
     add(state_keys::model + p.fqn(), p, p.tensor());
-    add(state_keys::exp_avg + p.fqn(), p, optimizer_->exp_avg()[i]);
-    add(state_keys::exp_avg_sq + p.fqn(), p, optimizer_->exp_avg_sq()[i]);
     // Every shard of a parameter counts the same steps: the first shard's count stands for all.
     if (p.shard_dim() < 0 || p.shard_offset() == 0)
       pieces.push_back({state_keys::step + p.fqn(), optimizer_->steps()[i]});
+  }
+  // AdamW's moments: with a sharded optimizer every member of a group writes the rows it steps
+  // (together they cover each tensor once); else the writer of the parameter writes them.
+  const bool sharded = job_.config().parallelism.shard_optimizer;
+  for (size_t k = 0; k < optimizer_->pieces().size(); ++k) {
+    const OptimPiece& piece = optimizer_->pieces()[k];
+    const ParamRef& p = params_[piece.param];
+    if (p.replica() || !(sharded || writes(p))) continue;
+    pieces.push_back(moment_piece(state_keys::exp_avg + p.fqn(), p, piece, optimizer_->exp_avg()[k]));
+    pieces.push_back(moment_piece(state_keys::exp_avg_sq + p.fqn(), p, piece, optimizer_->exp_avg_sq()[k]));
   }
   const int rank = job_.mesh().layout().rank;
   if (rank == 0) {
@@ -159,6 +167,15 @@ std::vector<TensorPiece> TrainState::checkpoint_pieces() const {
   }
   pieces.push_back({state_keys::rng(rank), at::detail::getDefaultCPUGenerator().get_state()});
   return pieces;
+}
+
+TensorPiece TrainState::moment_piece(const std::string& key, const ParamRef& p, const OptimPiece& piece,
+                                     const at::Tensor& moment) {
+  if (piece.whole) return {key, moment, p.shard_dim(), p.shard_offset(), p.global_dim_size()};
+  // Rows of dim 0: of the global tensor, or of this rank's expert shard of it (also along dim 0).
+  const bool shard = p.shard_dim() == 0;
+  return {key, moment, 0, (shard ? p.shard_offset() : 0) + piece.first_row,
+          shard ? p.global_dim_size() : p.tensor().size(0)};
 }
 
 void TrainState::save(int64_t step) {

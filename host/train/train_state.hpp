@@ -87,6 +87,9 @@ class TrainState {
   void open_writer();
   std::vector<TensorPiece> checkpoint_pieces() const;
   bool writes(const ParamRef& p) const;
+  /// AdamW's state of `piece` (moments under `key`) as a piece of the logical tensor.
+  static TensorPiece moment_piece(const std::string& key, const ParamRef& p, const OptimPiece& piece,
+                                  const at::Tensor& moment);
   void load_model_state(CheckpointReader& reader);
   int64_t load_training_state(CheckpointReader& reader);
   void load_clipper_state(CheckpointReader& reader);

@@ -84,13 +84,16 @@ void TrainState::load_model_state(CheckpointReader& reader) {
 
 int64_t TrainState::load_training_state(CheckpointReader& reader) {
   const Manifest& m = reader.manifest();
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const ParamRef& p = params_[i];
-    reader.read(state_keys::exp_avg + p.fqn(), optimizer_->exp_avg()[i], p.shard_dim(), p.shard_offset(),
-                p.global_dim_size());
-    reader.read(state_keys::exp_avg_sq + p.fqn(), optimizer_->exp_avg_sq()[i], p.shard_dim(), p.shard_offset(),
-                p.global_dim_size());
-    reader.read(state_keys::step + p.fqn(), optimizer_->steps()[i]);
+  for (size_t i = 0; i < params_.size(); ++i) reader.read(state_keys::step + params_[i].fqn(), optimizer_->steps()[i]);
+  // The moments of the rows this rank steps, whatever layout or sharding saved them.
+  for (size_t k = 0; k < optimizer_->pieces().size(); ++k) {
+    const OptimPiece& piece = optimizer_->pieces()[k];
+    const ParamRef& p = params_[piece.param];
+    for (const auto& [key, moment] : {std::pair{state_keys::exp_avg, optimizer_->exp_avg()[k]},
+                                      std::pair{state_keys::exp_avg_sq, optimizer_->exp_avg_sq()[k]}}) {
+      const TensorPiece where = moment_piece(key + p.fqn(), p, piece, moment);
+      reader.read(where.key, where.tensor, where.shard_dim, where.shard_offset, where.global_dim_size);
+    }
   }
   load_clipper_state(reader);
   load_generator(reader);

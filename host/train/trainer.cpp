@@ -83,9 +83,22 @@ void Trainer::build_optimizer() {
                      : "after the backward (parallelism.overlap_grad_reduce = false)"));
   std::vector<OptimParam> optim_params;
   for (ParamRef& p : params_) optim_params.push_back({p.fqn(), p.tensor(), decays(p.fqn(), c.optimizer.no_decay)});
+  Mesh& mesh = job_.mesh();
+  std::vector<OptimPiece> pieces =
+      optimizer_pieces(grads_->layout(), params_, c.parallelism.shard_optimizer,
+                       {mesh.group(KEEL_GROUP_DP).size(), mesh.group(KEEL_GROUP_DP).rank()},
+                       {mesh.group(KEEL_GROUP_EDP).size(), mesh.group(KEEL_GROUP_EDP).rank()});
   optimizer_ = std::make_unique<AdamW>(
       std::move(optim_params),
-      AdamWOptions{c.optimizer.beta1, c.optimizer.beta2, c.optimizer.eps, c.optimizer.weight_decay});
+      AdamWOptions{c.optimizer.beta1, c.optimizer.beta2, c.optimizer.eps, c.optimizer.weight_decay}, std::move(pieces));
+  if (c.parallelism.shard_optimizer) {
+    gather_ = std::make_unique<ParameterGather>(grads_->layout(), params_, mesh);
+    if (mesh.layout().rank == 0)
+      log_info(
+          cat("optimizer state sharded over dp (dense) and edp (experts): each rank steps its range of every "
+              "gradient bucket, then ",
+              gather_->collectives_per_step(), " all-gather(s) per step bring the updated rows to the others"));
+  }
   schedule_ = std::make_unique<LrSchedule>(c.optimizer.lr, c.lr_scheduler.warmup_steps, c.training.steps,
                                            c.lr_scheduler.decay, c.lr_scheduler.min_lr_ratio);
   lr_ = at::full({}, schedule_->at(1), at::TensorOptions().dtype(at::kFloat).device(job_.device()));
@@ -115,7 +128,7 @@ void Trainer::build_step_program() {
     log_info(cat("step program: ", capture.capture ? "CUDA graph" : "eager", " (", capture.reason, ")"));
   program_ = std::make_unique<StepProgram>(job_.model(), job_.clipper(), *optimizer_, param_infos_, lr_,
                                            job_.mesh().group(KEEL_GROUP_WORLD), capture, c.optimizer.graph_warmup,
-                                           c.optimizer.graph_validate);
+                                           c.optimizer.graph_validate, gather_.get());
 }
 
 void Trainer::open_data() {

@@ -21,6 +21,7 @@
 #include "metrics/metrics_log.hpp"
 #include "optim/adamw.hpp"
 #include "optim/lr_schedule.hpp"
+#include "optim/param_gather.hpp"
 #include "optim/step_program.hpp"
 #include "pipeline/pipeline_runner.hpp"
 #include "train/evaluator.hpp"
@@ -120,6 +121,7 @@ class Trainer {
   std::unique_ptr<TokenSource> source_;
   std::unique_ptr<BatchStream> stream_;
   std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<ParameterGather> gather_;  ///< with parallelism.shard_optimizer
   std::unique_ptr<LrSchedule> schedule_;
   std::unique_ptr<StepProgram> program_;
   at::Tensor lr_;

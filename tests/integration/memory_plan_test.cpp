@@ -23,34 +23,56 @@ std::vector<std::string> lines_after(const std::string& output, const std::strin
   return found;
 }
 
-test::CommandResult dry_run(const test::TempDir& dir, const std::string& sets) {
+test::CommandResult dry_run(const test::TempDir& dir, const std::string& sets,
+                            const std::vector<std::string>& layout = kLayout) {
   test::write_file(dir / "plan.toml", test::tiny_deepseek_job());
   std::string command = test::bin_dir() + "/keel-train --dry-run --plugin-path " + test::plugin_dir() + " --config " +
                         (dir / "plan.toml") + sets;
-  for (const std::string& s : kLayout) command += " --set " + s;
+  for (const std::string& s : layout) command += " --set " + s;
   return test::run_command(command);
 }
 
-TEST(MemoryPlan, TheDryRunsStateBytesAreWhatEveryRankAllocates) {
+// The dry run's lines against the lines a run of `ranks` ranks logs, equal to the byte;
+// returns the planned lines.
+std::vector<std::string> expect_plan_is_what_ranks_allocate(const std::string& label, int ranks,
+                                                            const std::vector<std::string>& layout) {
   test::TempDir dir;
-  auto plan = dry_run(dir, "");
-  ASSERT_EQ(plan.status, 0) << plan.output;
+  auto plan = dry_run(dir, "", layout);
+  EXPECT_EQ(plan.status, 0) << plan.output;
   // The plan's lines, "  rank(s) ...: parameters ...", follow its heading.
   const std::string heading = "memory plan, training state per rank";
-  ASSERT_NE(plan.output.find(heading), std::string::npos) << plan.output;
+  if (plan.output.find(heading) == std::string::npos) {
+    ADD_FAILURE() << plan.output;
+    return {};
+  }
   std::vector<std::string> planned;
   for (const std::string& line : lines_after(plan.output.substr(plan.output.find(heading)), "  rank"))
     planned.push_back("rank" + line);
-  // Two stages; the two expert shards of a stage are of one size, so their ranks share a line.
-  ASSERT_EQ(planned.size(), 2u) << plan.output;
 
-  std::vector<std::string> sets = kLayout;
+  std::vector<std::string> sets = layout;
   sets.push_back("training.steps=2");
-  test::JobRun run = test::run_job(dir, "run", 4, test::tiny_deepseek_job(), sets);
-  ASSERT_EQ(run.result.status, 0) << run.result.output;
+  test::JobRun run = test::run_job(dir, "run", ranks, test::tiny_deepseek_job(), sets);
+  EXPECT_EQ(run.result.status, 0) << run.result.output;
   const std::vector<std::string> held = lines_after(run.result.output, "training state, ");
   EXPECT_EQ(held, planned) << plan.output << run.result.output;
-  for (const std::string& line : planned) std::printf("MEMORY_PLAN | PP2 DP2 EP2 tiny | %s\n", line.c_str());
+  for (const std::string& line : planned) std::printf("MEMORY_PLAN | %s tiny | %s\n", label.c_str(), line.c_str());
+  return planned;
+}
+
+TEST(MemoryPlan, TheDryRunsStateBytesAreWhatEveryRankAllocates) {
+  // Two stages; the two expert shards of a stage are of one size, so their ranks share a line.
+  EXPECT_EQ(expect_plan_is_what_ranks_allocate("PP2 DP2 EP2", 4, kLayout).size(), 2u);
+}
+
+TEST(MemoryPlan, AShardedOptimizersStateBytesAreWhatEveryRankAllocates) {
+  std::vector<std::string> sharded = kLayout;
+  sharded.push_back("parallelism.shard_optimizer=true");
+  EXPECT_GE(expect_plan_is_what_ranks_allocate("PP2 DP2 EP2 sharded", 4, sharded).size(), 2u);
+  // Experts sharded over edp = 2 too.
+  EXPECT_GE(expect_plan_is_what_ranks_allocate(
+                "DP4 EP2 sharded", 4, {"parallelism.dp=4", "parallelism.ep=2", "parallelism.shard_optimizer=true"})
+                .size(),
+            1u);
 }
 
 TEST(MemoryPlan, EveryRanksPeakMemoryIsLoggedAndTheLargestNamed) {

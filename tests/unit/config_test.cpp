@@ -111,6 +111,8 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"section_not_a_table", "training = 5\n" + kModel, "job.toml:1", "'training'", "must be a table"},
         Case{"bool_as_string", kModel + "[checkpoint]\nsave_final = \"yes\"\n", "job.toml:4", "checkpoint.save_final",
              "expected a boolean"},
+        Case{"shard_optimizer_as_number", kModel + "[parallelism]\nshard_optimizer = 1\n", "job.toml:4",
+             "parallelism.shard_optimizer", "expected a boolean"},
         Case{"min_lr_ratio_out_of_range", kModel + "[lr_scheduler]\nmin_lr_ratio = 2.0\n", "job.toml:4",
              "lr_scheduler.min_lr_ratio", "must be in [0, 1]"},
         Case{"threads_beyond_int", kModel + "[training]\nthreads = 4294967298\n", "job.toml:4", "training.threads",

@@ -33,9 +33,12 @@ TEST(StateMemory, FiguresRoundTripAsTextAndMalformedTextIsRefused) {
 TEST(StateMemory, APlanCountsParametersGradientsTwoMomentsAndAStepCountEach) {
   // AdamW's state per parameter: two moments of its bytes and a 4-byte step count.
   const at::Tensor p = at::empty({3, 5}, at::TensorOptions().dtype(at::kFloat).device(at::kMeta));
-  EXPECT_EQ(AdamW::state_bytes(p), 2 * 60 + 4);
+  EXPECT_EQ(AdamW::state_bytes({p}, {{0, true, 0, 0}}), 2 * 60 + 4);
   const at::Tensor h = at::empty({7}, at::TensorOptions().dtype(at::kBFloat16).device(at::kMeta));
-  EXPECT_EQ(AdamW::state_bytes(h), 2 * 14 + 4);
+  EXPECT_EQ(AdamW::state_bytes({h}, {{0, true, 0, 0}}), 2 * 14 + 4);
+  // Sharded: moments of the rows this rank steps only, a step count for every parameter.
+  EXPECT_EQ(AdamW::state_bytes({p, h}, {{0, false, 1, 2}}), 2 * 40 + 2 * 4);
+  EXPECT_EQ(AdamW::state_bytes({p, h}, {}), 2 * 4);
 }
 
 }  // namespace
