@@ -33,11 +33,13 @@ StateBytes planned_state_bytes(const std::vector<ModelPart*>& parts, const Optim
   const BucketLayout layout = plan_buckets(params, optimizer.bucket_bytes);
   s.optimizer =
       AdamW::state_bytes(tensors, optimizer_pieces(layout, params, optimizer.shard, optimizer.dense, optimizer.expert));
+  if (optimizer.shard)
+    s.optimizer += ParameterGather::staging_bytes(layout, params, optimizer.dense.size, optimizer.expert.size);
   return s;
 }
 
-StateBytes held_state_bytes(const std::vector<ModelPart*>& parts, const GradientBuckets& grads,
-                            const AdamW& optimizer) {
+StateBytes held_state_bytes(const std::vector<ModelPart*>& parts, const GradientBuckets& grads, const AdamW& optimizer,
+                            const ParameterGather* gather) {
   StateBytes s;
   for (const ModelPart* part : parts) {
     for (const ParamRef& p : part->parameters()) s.parameters += bytes_of(p.tensor());
@@ -46,6 +48,7 @@ StateBytes held_state_bytes(const std::vector<ModelPart*>& parts, const Gradient
   s.gradients = grads.bytes();
   for (const std::vector<at::Tensor>* state : {&optimizer.exp_avg(), &optimizer.exp_avg_sq(), &optimizer.steps()})
     for (const at::Tensor& t : *state) s.optimizer += bytes_of(t);
+  if (gather != nullptr) s.optimizer += gather->bytes();
   return s;
 }
 

@@ -10,6 +10,7 @@
 
 #include "grad_sync/grad_buckets.hpp"
 #include "optim/adamw.hpp"
+#include "optim/param_gather.hpp"
 #include "plugins/components.hpp"
 
 namespace keel {
@@ -30,11 +31,13 @@ struct OptimizerLayout {
 };
 
 /// What a trainer allocates for `parts`: every parameter, a gradient of its size in the flat
-/// buffers, AdamW's state for the pieces this rank steps (AdamW::state_bytes) and every buffer.
+/// buffers, AdamW's state for the pieces this rank steps (AdamW::state_bytes; sharded, with the
+/// parameter gather's staging buffers) and every buffer.
 StateBytes planned_state_bytes(const std::vector<ModelPart*>& parts, const OptimizerLayout& optimizer);
-/// What a trainer did allocate: the parameters, the gradient buffers, AdamW's tensors and the
-/// parts' buffers.
-StateBytes held_state_bytes(const std::vector<ModelPart*>& parts, const GradientBuckets& grads, const AdamW& optimizer);
+/// What a trainer did allocate: the parameters, the gradient buffers, AdamW's tensors (and the
+/// staging buffers of `gather`, when sharded) and the parts' buffers.
+StateBytes held_state_bytes(const std::vector<ModelPart*>& parts, const GradientBuckets& grads, const AdamW& optimizer,
+                            const ParameterGather* gather);
 
 /// "parameters 1234 B (1.2 KiB), gradients ..., optimizer ..., buffers ..., total ...".
 std::string describe_state_bytes(const StateBytes& bytes);

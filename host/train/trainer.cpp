@@ -109,7 +109,7 @@ void Trainer::log_state_memory() {
   // Every rank's state as allocated, in the lines of the dry run's memory plan: the plan can
   // be checked against them.
   std::vector<StateBytes> by_rank;
-  const StateBytes mine = held_state_bytes(job_.parts(), *grads_, *optimizer_);
+  const StateBytes mine = held_state_bytes(job_.parts(), *grads_, *optimizer_, gather_.get());
   for (const std::string& text : all_gather_bytes(job_.mesh().group(KEEL_GROUP_WORLD), encode_state_bytes(mine)))
     by_rank.push_back(decode_state_bytes(text));
   if (job_.mesh().layout().rank != 0) return;
