@@ -130,6 +130,7 @@ JobConfig read_job_config(ConfigTree& tree, int world_size, bool cuda_available)
   int64_t seed = at_least(tr, "seed", 0, 0);
   c.training.seed = static_cast<uint64_t>(seed);
   c.training.dtype = tr.choice("dtype", "fp32", {"fp32", "bf16"});
+  c.training.recompute = tr.choice("recompute", "none", {"none", "full", "selective"});
   c.training.device = tr.choice("device", "cpu", {"auto", "cpu", "cuda"});
   if (c.training.device == "auto") c.training.device = cuda_available ? "cuda" : "cpu";
   if (c.training.device == "cuda" && !cuda_available)

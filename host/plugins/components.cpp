@@ -175,6 +175,23 @@ struct ExportReceiver {
 
 }  // namespace
 
+void Model::set_recompute(const std::string& mode, const std::string& key) {
+  const keel_recompute_mode wanted = mode == "full" ? KEEL_RECOMPUTE_FULL : KEEL_RECOMPUTE_SELECTIVE;
+  const keel_model_recompute_extension& e = extensions_.model_recompute;
+  if (e.set_recompute == nullptr)
+    throw InputError(cat(key, " = \"", mode, "\": ", context_.label(),
+                         " does not recompute activations (its plugin offers no KEEL_EXTENSION_MODEL_RECOMPUTE, "
+                         "SDK 1.6); use \"none\""));
+  if ((e.modes & (1u << static_cast<uint32_t>(wanted))) == 0) {
+    std::vector<std::string> offered;
+    for (const auto& [bit, name] : {std::pair{KEEL_RECOMPUTE_FULL, "full"}, {KEEL_RECOMPUTE_SELECTIVE, "selective"}})
+      if ((e.modes & (1u << static_cast<uint32_t>(bit))) != 0) offered.push_back(cat("\"", name, "\""));
+    offered.push_back("\"none\"");
+    throw InputError(cat(key, " = \"", mode, "\": ", context_.label(), " recomputes only ", join(offered, ", ")));
+  }
+  context_.check(e.set_recompute(raw_, wanted), "set_recompute");
+}
+
 ModelExport Model::export_state(const std::string& format,
                                 const std::vector<std::pair<std::string, at::Tensor>>& state) {
   // 1.2 offers export as an extension; a 1.1 plugin has it in the vtable.

@@ -117,6 +117,9 @@ class Model {
   /// refuses the source.
   void import_state(const std::string& format, const keel_import_source& source,
                     const std::function<void(const std::string&, const at::Tensor&)>& receive);
+  /// Asks the model to recompute `mode` ("full" or "selective") in the parts it builds next;
+  /// an InputError naming `key` and the plugin when it does not implement that mode.
+  void set_recompute(const std::string& mode, const std::string& key);
   /// The vtable (zero-extended to this host's size).
   const keel_model_vtable& vtable() const { return vtable_; }
   /// The extensions of the model's component that this host knows.

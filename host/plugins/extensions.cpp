@@ -176,6 +176,18 @@ ComponentExtensions read_extensions(const std::string& path, const keel_componen
         throw InputError(cat(where(index), ": the model import extension lacks import_config or import_state"));
       continue;
     }
+    if (e->type == KEEL_EXTENSION_MODEL_RECOMPUTE) {
+      require_model(component, where(index), "recompute");
+      if (e->struct_size < KEEL_MODEL_RECOMPUTE_EXTENSION_SIZE_1_6)
+        throw InputError(cat(where(index), ": the model recompute extension is ", e->struct_size,
+                             " bytes, this host needs at least ", KEEL_MODEL_RECOMPUTE_EXTENSION_SIZE_1_6,
+                             " (ABI 1.6)"));
+      out.model_recompute = copy_versioned<keel_model_recompute_extension>(e);
+      out.model_recompute.base.next = nullptr;
+      if (out.model_recompute.set_recompute == nullptr)
+        throw InputError(cat(where(index), ": the model recompute extension has no set_recompute function"));
+      continue;
+    }
     if (e->type != KEEL_EXTENSION_MODEL_EXPORT) {
       out.unknown.push_back(e->type);
       continue;

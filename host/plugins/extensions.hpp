@@ -34,6 +34,8 @@ struct ComponentExtensions {
   keel_model_export_extension model_export{};
   /// KEEL_EXTENSION_MODEL_IMPORT (zero-extended), or empty (import_state NULL) when absent.
   keel_model_import_extension model_import{};
+  /// KEEL_EXTENSION_MODEL_RECOMPUTE (zero-extended), or empty (set_recompute NULL) when absent.
+  keel_model_recompute_extension model_recompute{};
   /// KEEL_EXTENSION_CONFIG_KEYS: the keys the component reads, in its order; empty when it
   /// declares none (then nothing is checked).
   std::optional<std::vector<DeclaredConfigKey>> config_keys;

@@ -120,6 +120,8 @@ Job::Job(const RunOptions& options, bool meta, int offline_rank) : tree_(load_tr
   } catch (const std::invalid_argument& e) {
     ConfigSection(tree_, "parallelism").invalid(explicit_split ? "layers_per_stage" : "pp", e.what());
   }
+  // Before the rendezvous: a model that cannot recompute fails every rank at once.
+  if (config_.training.recompute != "none") model_->set_recompute(config_.training.recompute, "training.recompute");
   if (distributed) {
     Rendezvous rendezvous = Rendezvous::from_environment(rank, world, std::chrono::seconds(par.timeout_s));
     rendezvous.nccl = device_.is_cuda();

@@ -2,6 +2,8 @@
 // from the [model] table, validated so that impossible shapes are config errors.
 #pragma once
 
+#include <keel/recompute_mode.hpp>
+
 #include <keel/keel.hpp>
 
 #include <cstdint>
@@ -11,6 +13,9 @@
 namespace deepseek_v3 {
 
 struct Args {
+  /// What backward recomputes (the host's training.recompute, set before any part is built;
+  /// not a key of the model's table).
+  keel::Recompute recompute = keel::Recompute::none;
   int64_t vocab_size = 0;
   int64_t dim = 0;
   int64_t n_layers = 0;

@@ -2,6 +2,7 @@
 
 #include <c10/core/GradMode.h>
 #include <keel/autograd.hpp>
+#include <keel/recompute.hpp>
 
 #include <limits>
 
@@ -49,25 +50,44 @@ at::Tensor Attention::forward(const at::Tensor& x, const RopeTables& rope) const
   // that broadcasts over all, so no query or key is concatenated and no key expanded (whose
   // copies and gradient splits cost more than the attention here), and query/key heads of 192
   // against value heads of 128 would push LibTorch's SDPA onto its unfused path anyway.
-  at::Tensor scores = at::matmul(q_parts[0].transpose(1, 2), k_v[0].permute({0, 2, 3, 1})) +
-                      at::matmul(q_rope.transpose(1, 2), k_rope.permute({0, 2, 3, 1}));
-  const at::Tensor future = at::ones({s, s}, x.options().dtype(at::kBool)).triu(1);
-  at::Tensor probs = at::softmax(
-      (scores * softmax_scale(a)).masked_fill(future, -std::numeric_limits<double>::infinity()), -1, at::kFloat);
-  at::Tensor out = at::matmul(probs.to(scores.scalar_type()), k_v[1].transpose(1, 2));
+  const double scale = softmax_scale(a);
+  auto core = [scale, s](const std::vector<at::Tensor>& t) {  // q_nope, k_nope, q_rope, k_rope, v
+    at::Tensor scores = at::matmul(t[0].transpose(1, 2), t[1].permute({0, 2, 3, 1})) +
+                        at::matmul(t[2].transpose(1, 2), t[3].permute({0, 2, 3, 1}));
+    const at::Tensor future = at::ones({s, s}, t[0].options().dtype(at::kBool)).triu(1);
+    at::Tensor probs =
+        at::softmax((scores * scale).masked_fill(future, -std::numeric_limits<double>::infinity()), -1, at::kFloat);
+    return at::matmul(probs.to(scores.scalar_type()), t[4].transpose(1, 2));
+  };
+  const std::vector<at::Tensor> parts = {q_parts[0], k_v[0], q_rope, k_rope, k_v[1]};
+  // Selective recomputation keeps the projections and reruns the scores, softmax and value
+  // product, whose [b, h, s, s] tensors are most of a block's activations.
+  at::Tensor out = a.recompute == keel::Recompute::selective ? keel::recompute(core, parts) : core(parts);
   return at::linear(out.transpose(1, 2).reshape({b, s, h * a.v_head_dim}), *wo_);
 }
 
 // ------------------------------------------------------------------ dense MLP
 
-Mlp::Mlp(Declare& d, const std::string& p, int64_t dim, int64_t hidden, const keel::init::Rule& residual) {
+Mlp::Mlp(Declare& d, const std::string& p, int64_t dim, int64_t hidden, const keel::init::Rule& residual,
+         keel::Recompute recompute)
+    : recompute_(recompute) {
   w1_ = &d.param(p + "w1.weight", {hidden, dim}, kProjectionInit);
   w2_ = &d.param(p + "w2.weight", {dim, hidden}, residual);
   w3_ = &d.param(p + "w3.weight", {hidden, dim}, residual);
 }
 
+namespace {
+
+// silu(gate) * up; selective recomputation keeps the two projections only.
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up, keel::Recompute recompute) {
+  auto product = [](const std::vector<at::Tensor>& t) { return at::silu(t[0]) * t[1]; };
+  return recompute == keel::Recompute::selective ? keel::recompute(product, {gate, up}) : product({gate, up});
+}
+
+}  // namespace
+
 at::Tensor Mlp::forward(const at::Tensor& x) const {
-  return at::linear(at::silu(at::linear(x, *w1_)) * at::linear(x, *w3_), *w2_);
+  return at::linear(swiglu(at::linear(x, *w1_), at::linear(x, *w3_), recompute_), *w2_);
 }
 
 // ------------------------------------------------------------------ MoE
@@ -86,7 +106,7 @@ Moe::Moe(Declare& d, const std::string& p, const Args& a, const ExpertPlacement&
   w2_ = &d.param(p + "experts.w2", {local, a.dim, a.moe_hidden}, residual, experts);
   w3_ = &d.param(p + "experts.w3", {local, a.moe_hidden, a.dim}, residual, experts);
   if (a.n_shared_experts > 0)
-    shared_.emplace(d, p + "shared_experts.", a.dim, a.moe_hidden * a.n_shared_experts, residual);
+    shared_.emplace(d, p + "shared_experts.", a.dim, a.moe_hidden * a.n_shared_experts, residual, a.recompute);
 }
 
 at::Tensor Moe::forward(const at::Tensor& x) {
@@ -112,7 +132,7 @@ at::Tensor Moe::forward(const at::Tensor& x) {
   at::Tensor weights = scores.gather(1, indices);
   if (a.route_norm) weights = weights / (weights.sum(-1, /*keepdim=*/true) + 1e-20);
   weights = weights * a.route_scale;
-  {
+  if (!keel::recomputing()) {  // a rerun in backward routes the same tokens again: count them once
     c10::NoGradGuard no_grad;
     tokens_per_expert_->add_(at::bincount(indices.flatten(), {}, e).to(at::kFloat));
   }
@@ -175,7 +195,8 @@ at::Tensor Moe::run_experts(const at::Tensor& rows, const at::Tensor& expert) co
   at::Tensor slot = at::empty_like(slot_sorted).scatter_(0, order, slot_sorted);
   at::Tensor packed =
       at::zeros({local * capacity, dim}, rows.options()).index_add(0, slot, rows).view({local, capacity, dim});
-  at::Tensor hidden = at::silu(at::bmm(packed, w1_->transpose(1, 2))) * at::bmm(packed, w3_->transpose(1, 2));
+  at::Tensor hidden =
+      swiglu(at::bmm(packed, w1_->transpose(1, 2)), at::bmm(packed, w3_->transpose(1, 2)), args_.recompute);
   at::Tensor result = at::bmm(hidden, w2_->transpose(1, 2)).view({local * capacity, dim});
   return result.index_select(0, slot);
 }
@@ -190,7 +211,7 @@ Block::Block(Declare& d, const std::string& p, const Args& a, int64_t layer, con
   if (a.is_moe(layer))
     moe_.emplace(d, p + "moe.", a, placement, residual_init(layer));
   else
-    mlp_.emplace(d, p + "feed_forward.", a.dim, a.dense_hidden, residual_init(layer));
+    mlp_.emplace(d, p + "feed_forward.", a.dim, a.dense_hidden, residual_init(layer), a.recompute);
 }
 
 at::Tensor Block::forward(const at::Tensor& x, const RopeTables& rope) {

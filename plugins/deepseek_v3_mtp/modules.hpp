@@ -74,12 +74,15 @@ class Attention {
 /// SwiGLU feed-forward: w2(silu(w1 x) * w3 x).
 class Mlp {
  public:
-  /// w1 drawn by kProjectionInit, w2 and w3 by `residual`.
-  Mlp(Declare& d, const std::string& prefix, int64_t dim, int64_t hidden, const keel::init::Rule& residual);
+  /// w1 drawn by kProjectionInit, w2 and w3 by `residual`; `recompute` selective reruns the
+  /// SwiGLU product in backward.
+  Mlp(Declare& d, const std::string& prefix, int64_t dim, int64_t hidden, const keel::init::Rule& residual,
+      keel::Recompute recompute);
   at::Tensor forward(const at::Tensor& x) const;
 
  private:
   at::Tensor *w1_, *w2_, *w3_;
+  keel::Recompute recompute_;
 };
 
 /// DeepSeekMoE: shared experts plus top-k routed experts chosen with a bias that only steers

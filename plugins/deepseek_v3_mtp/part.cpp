@@ -1,5 +1,7 @@
 #include "part.hpp"
 
+#include <keel/recompute.hpp>
+
 #include <cmath>
 #include <string>
 
@@ -58,12 +60,28 @@ const RopeTables& Part::rope(int64_t seq) {
   return rope_;
 }
 
+// Full recomputation keeps a block's inputs and reruns the block in backward. The closure
+// holds its own handles of the rope tables: the part's cache may change before the rerun.
+at::Tensor Part::run_block(Block& block, const at::Tensor& h, const RopeTables& tables) {
+  if (args_.recompute != keel::Recompute::full) return block.forward(h, tables);
+  return keel::recompute([&block, tables](const std::vector<at::Tensor>& in) { return block.forward(in[0], tables); },
+                         {h});
+}
+
+at::Tensor Part::run_mtp(MtpModule& module, const at::Tensor& previous, const at::Tensor& embedded,
+                         const RopeTables& tables) {
+  if (args_.recompute != keel::Recompute::full) return module.forward(previous, embedded, tables);
+  return keel::recompute(
+      [&module, tables](const std::vector<at::Tensor>& in) { return module.forward(in[0], in[1], tables); },
+      {previous, embedded});
+}
+
 Part::Outputs Part::compute(const at::Tensor& tokens, const at::Tensor& labels, const at::Tensor* activation) {
   Outputs out;
   const bool first = spec_.stage_index == 0;
   at::Tensor h = first ? at::embedding(*embedding_, tokens) : *activation;
   const RopeTables& tables = rope(h.size(1));
-  for (auto& block : blocks_) h = block->forward(h, tables);
+  for (auto& block : blocks_) h = run_block(*block, h, tables);
   if (output_ == nullptr) {
     out.activation = h;
     return out;
@@ -93,7 +111,7 @@ Part::Outputs Part::compute(const at::Tensor& tokens, const at::Tensor& labels, 
         chain_broken.logical_or(at::cat({ignored.slice(1, k, seq), at::ones({batch, k}, ignored.options())}, 1));
     at::Tensor targets = at::cat({labels.slice(1, k, seq), at::zeros({batch, k}, labels.options())}, 1)
                              .masked_fill(chain_broken, KEEL_IGNORE_INDEX);
-    previous = mtp_[d]->forward(previous, at::embedding(*embedding_, ahead), tables);
+    previous = run_mtp(*mtp_[d], previous, at::embedding(*embedding_, ahead), tables);
     at::Tensor logits = at::linear(rms_norm(previous, mtp_[d]->norm(), args_.norm_eps), *output_);
     at::Tensor sum = loss_sum(logits, targets);
     out.mtp_logits.push_back(logits);

@@ -44,6 +44,9 @@ class Part final : public keel::Part {
 
  private:
   const RopeTables& rope(int64_t seq);
+  at::Tensor run_block(Block& block, const at::Tensor& h, const RopeTables& tables);
+  at::Tensor run_mtp(MtpModule& module, const at::Tensor& previous, const at::Tensor& embedded,
+                     const RopeTables& tables);
 
   const Args& args_;
   keel_part_spec spec_;

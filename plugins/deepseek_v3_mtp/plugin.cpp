@@ -23,6 +23,8 @@ class DeepSeekV3 {
  public:
   static constexpr const char* export_formats = "hf";
   static constexpr const char* import_formats = "hf";
+  static constexpr uint32_t recompute_modes =
+      keel::recompute_bit(keel::Recompute::full) | keel::recompute_bit(keel::Recompute::selective);
   static std::vector<keel::ConfigKey> config_keys() { return deepseek_v3::config_keys(); }
 
   DeepSeekV3(keel::Host host, keel::Config& config)
@@ -39,6 +41,8 @@ class DeepSeekV3 {
     info.hidden_size = args_.dim;
     return info;
   }
+
+  void set_recompute(keel::Recompute mode) { args_.recompute = mode; }
 
   keel::Part& build_part(const keel_part_spec& spec) {
     deepseek_v3::ExpertPlacement placement;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <keel/keel.hpp>
+#include <keel/recompute_mode.hpp>
 
 #include <cstdint>
 #include <string>
@@ -10,6 +11,9 @@
 namespace llama3 {
 
 struct Args {
+  /// What backward recomputes (the host's training.recompute, set before any part is built;
+  /// not a key of the model's table).
+  keel::Recompute recompute = keel::Recompute::none;
   int64_t dim = 0;
   int64_t n_layers = 0;
   int64_t n_heads = 0;

@@ -1,6 +1,7 @@
 #include "llama3_part.hpp"
 
 #include <keel/init.hpp>
+#include <keel/recompute.hpp>
 
 #include <cmath>
 
@@ -80,14 +81,28 @@ at::Tensor Part::attention(const Block& b, const at::Tensor& x, const at::Tensor
   q = apply_rope(q, cos, sin).transpose(1, 2);
   k = apply_rope(k, cos, sin).transpose(1, 2);
   v = v.transpose(1, 2);
-  at::Tensor out = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/std::nullopt, /*dropout_p=*/0.0,
-                                                    /*is_causal=*/true, /*scale=*/std::nullopt,
-                                                    /*enable_gqa=*/args_.n_kv_heads != args_.n_heads);
+  const bool gqa = args_.n_kv_heads != args_.n_heads;
+  auto core = [gqa](const std::vector<at::Tensor>& t) {
+    return at::scaled_dot_product_attention(t[0], t[1], t[2], /*attn_mask=*/std::nullopt, /*dropout_p=*/0.0,
+                                            /*is_causal=*/true, /*scale=*/std::nullopt, /*enable_gqa=*/gqa);
+  };
+  // Selective recomputation keeps q, k, v and reruns the attention itself in backward.
+  at::Tensor out = args_.recompute == keel::Recompute::selective ? keel::recompute(core, {q, k, v}) : core({q, k, v});
   return at::linear(out.transpose(1, 2).reshape({batch, seq, args_.n_heads * hd}), *b.wo);
 }
 
 at::Tensor Part::feed_forward(const Block& b, const at::Tensor& x) const {
-  return at::linear(at::silu(at::linear(x, *b.w1)) * at::linear(x, *b.w3), *b.w2);
+  auto product = [](const std::vector<at::Tensor>& t) { return at::silu(t[0]) * t[1]; };
+  const std::vector<at::Tensor> gate_up = {at::linear(x, *b.w1), at::linear(x, *b.w3)};
+  // Selective recomputation keeps the two projections and reruns the SwiGLU product.
+  at::Tensor hidden =
+      args_.recompute == keel::Recompute::selective ? keel::recompute(product, gate_up) : product(gate_up);
+  return at::linear(hidden, *b.w2);
+}
+
+at::Tensor Part::block(const Block& b, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const {
+  at::Tensor h = x + attention(b, at::rms_norm(x, {args_.dim}, *b.attention_norm, args_.norm_eps), cos, sin);
+  return h + feed_forward(b, at::rms_norm(h, {args_.dim}, *b.ffn_norm, args_.norm_eps));
 }
 
 at::Tensor Part::trunk(const at::Tensor& tokens, const at::Tensor* activation) const {
@@ -99,8 +114,13 @@ at::Tensor Part::trunk(const at::Tensor& tokens, const at::Tensor* activation) c
   at::Tensor angles = at::outer(positions, freqs).view({1, seq, 1, half});
   at::Tensor cos = angles.cos(), sin = angles.sin();
   for (const Block& b : blocks_) {
-    h = h + attention(b, at::rms_norm(h, {args_.dim}, *b.attention_norm, args_.norm_eps), cos, sin);
-    h = h + feed_forward(b, at::rms_norm(h, {args_.dim}, *b.ffn_norm, args_.norm_eps));
+    if (args_.recompute != keel::Recompute::full) {
+      h = block(b, h, cos, sin);
+      continue;
+    }
+    // Full recomputation keeps the block's input and reruns the block in backward.
+    h = keel::recompute([this, &b, cos, sin](const std::vector<at::Tensor>& in) { return block(b, in[0], cos, sin); },
+                        {h});
   }
   return h;
 }

@@ -30,6 +30,8 @@ class Part final : public keel::Part {
   };
   at::Tensor attention(const Block& b, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const;
   at::Tensor feed_forward(const Block& b, const at::Tensor& x) const;
+  /// One transformer block: attention and feed-forward, each around a residual.
+  at::Tensor block(const Block& b, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const;
   // The embedding (first stage) or the previous stage's activation through this part's blocks.
   at::Tensor trunk(const at::Tensor& tokens, const at::Tensor* activation) const;
   // The final norm and the output head (last stage).

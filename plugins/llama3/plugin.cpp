@@ -21,6 +21,8 @@ class Llama3 {
  public:
   static constexpr const char* export_formats = "hf";
   static constexpr const char* import_formats = "hf";
+  static constexpr uint32_t recompute_modes =
+      keel::recompute_bit(keel::Recompute::full) | keel::recompute_bit(keel::Recompute::selective);
   static std::vector<keel::ConfigKey> config_keys() { return llama3::config_keys(); }
 
   Llama3(keel::Host host, keel::Config& config) : host_(host), args_(llama3::read_args(config)) {}
@@ -32,6 +34,7 @@ class Llama3 {
     info.hidden_size = args_.dim;
     return info;
   }
+  void set_recompute(keel::Recompute mode) { args_.recompute = mode; }
   keel::Part& build_part(const keel_part_spec& spec) {
     parts_.push_back(std::make_unique<llama3::Part>(host_.raw(), args_, spec));
     if (at::Tensor* embedding = parts_.back()->tok_embeddings()) embeddings_.hold(*embedding);

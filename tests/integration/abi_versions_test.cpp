@@ -1,5 +1,5 @@
 // Plugins of every ABI minor load, train and (from 1.1) export in this host: the same raw-ABI
-// model and clipper built as 1.0 to 1.5 and a future 1.6 (tests/plugins/versioned_model.cpp),
+// model and clipper built as 1.0 to 1.6 and a future 1.7 (tests/plugins/versioned_model.cpp),
 // each with traps beyond its struct sizes that a host reading too far would trip over.
 #include <gtest/gtest.h>
 
@@ -64,8 +64,8 @@ TEST_P(AbiVersions, InspectListsExportAndIgnoredExtensions) {
   const bool exports = r.output.find("export_state") != std::string::npos;
   EXPECT_EQ(exports, GetParam() >= 1) << r.output;
   EXPECT_EQ(r.output.find("[extension; formats: hf]") != std::string::npos, GetParam() >= 2) << r.output;
-  // 0x7e57: the 1.6 plugin's extension that this host cannot know.
-  EXPECT_EQ(r.output.find("does not know (ignored): 32343") != std::string::npos, GetParam() == 6) << r.output;
+  // 0x7e57: the 1.7 plugin's extension that this host cannot know.
+  EXPECT_EQ(r.output.find("does not know (ignored): 32343") != std::string::npos, GetParam() == 7) << r.output;
   // From 1.3 the clipper declares its one key; the model declares none.
   const bool listed =
       r.output.find(
@@ -75,18 +75,23 @@ TEST_P(AbiVersions, InspectListsExportAndIgnoredExtensions) {
   EXPECT_NE(r.output.find("config keys: not declared"), std::string::npos) << r.output;
 }
 
+// Writes a 2-step job of `plugin`'s model and clipper with `tables` appended; returns the
+// keel-train command that runs it.
+std::string versioned_job(const test::TempDir& dir, const std::string& plugin, const std::string& tables) {
+  const std::string paths = " --plugin-path " + test::test_plugin_dir() + " --plugin-path " + test::plugin_dir();
+  test::write_file(dir / "job.toml", "[model]\nplugin = \"" + plugin +
+                                         "\"\ncomponent = \"model\"\n[clipper]\nplugin = \"" + plugin +
+                                         "\"\ncomponent = \"clipper\"\n" + tables +
+                                         "[training]\nsteps = 2\nseq_len = 8\nglobal_batch = 2\nthreads = 1\n");
+  return test::bin_dir() + "/keel-train --config " + (dir / "job.toml") + paths + " --set job.run_dir=\\\"" +
+         (dir / "run") + "\\\"";
+}
+
 // A declared key set in the clipper's own table takes effect; an undeclared one is refused
 // naming the clipper and the keys it reads.
 TEST(AbiVersions, TheDeclaredKeyOfAOneThreeClipperIsReadFromItsTable) {
   test::TempDir dir;
-  const std::string paths = " --plugin-path " + test::test_plugin_dir() + " --plugin-path " + test::plugin_dir();
-  test::write_file(dir / "job.toml",
-                   "[model]\nplugin = \"versioned_1_3\"\ncomponent = \"model\"\n"
-                   "[clipper]\nplugin = \"versioned_1_3\"\ncomponent = \"clipper\"\n"
-                   "[clipper.clipper]\nbound = 0.5\n"
-                   "[training]\nsteps = 2\nseq_len = 8\nglobal_batch = 2\nthreads = 1\n");
-  const std::string train = test::bin_dir() + "/keel-train --config " + (dir / "job.toml") + paths +
-                            " --set job.run_dir=\\\"" + (dir / "run") + "\\\"";
+  const std::string train = versioned_job(dir, "versioned_1_3", "[clipper.clipper]\nbound = 0.5\n");
   test::CommandResult r = test::run_command(train);
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(test::read_file(dir / "run/config.toml").find("[clipper.clipper]\nbound = 0.5\n"), std::string::npos);
@@ -115,6 +120,20 @@ TEST(AbiVersions, ImportNamesAModelWithoutTheImportExtension) {
   }
 }
 
+// A model without the recompute extension (every plugin before 1.6, and a 1.6 one that does
+// not recompute) is refused by name when the job asks for recomputation, before any step.
+TEST(AbiVersions, RecomputeNamesAModelWithoutTheRecomputeExtension) {
+  test::TempDir dir;
+  test::CommandResult r =
+      test::run_command(versioned_job(dir, "versioned_1_6", "") + " --set training.recompute=\\\"full\\\"");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("training.recompute = \"full\": model model (versioned_1_6) does not recompute "
+                          "activations (its plugin offers no KEEL_EXTENSION_MODEL_RECOMPUTE, SDK 1.6)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir / "run/metrics.jsonl"));
+}
+
 TEST(HeaderExample, TheRawAbiClipperInKeelHTrainsTheTinyLlama) {
   test::TempDir dir;
   test::write_file(dir / "job.toml",
@@ -128,7 +147,7 @@ TEST(HeaderExample, TheRawAbiClipperInKeelHTrainsTheTinyLlama) {
   EXPECT_NE(test::read_file(dir / "run/metrics.jsonl").find("\"step\":3"), std::string::npos);
 }
 
-INSTANTIATE_TEST_SUITE_P(Minor, AbiVersions, ::testing::Values(0, 1, 2, 3, 4, 5, 6),
+INSTANTIATE_TEST_SUITE_P(Minor, AbiVersions, ::testing::Values(0, 1, 2, 3, 4, 5, 6, 7),
                          [](const ::testing::TestParamInfo<int>& info) { return "v1_" + std::to_string(info.param); });
 
 }  // namespace

@@ -1,5 +1,5 @@
 // One trainable model and one clipper on the raw ABI, built once per ABI minor to prove that
-// plugins of every minor load and train in this host (KEEL_TEST_MINOR = 0 to 6):
+// plugins of every minor load and train in this host (KEEL_TEST_MINOR = 0 to 7):
 //   1.0: component and model vtable end where 1.0 ended; what lies beyond them (an export
 //        function, an extension chain) are traps a host reading past struct_size would use.
 //   1.1: the model vtable carries export_state.
@@ -8,7 +8,8 @@
 //   1.4: as 1.3 (its model offers no import: a host must say so, not fail).
 //   1.5: as 1.4, and the model reports its loss per token as a ratio (report_metric_ratio,
 //        after checking the host's api is that large).
-//   1.6: a newer plugin: a larger component struct and an extension this host cannot know,
+//   1.6: as 1.5 (its model does not recompute: a host must not ask it to).
+//   1.7: a newer plugin: a larger component struct and an extension this host cannot know,
 //        listed before the export extension.
 // The model is a bigram language model (an embedding and an output head, one stage).
 #include <ATen/ATen.h>
@@ -215,7 +216,7 @@ const keel_extension* const kClipperExtensions = nullptr;
 #if KEEL_TEST_MINOR == 0 || KEEL_TEST_MINOR == 1
 constexpr size_t kComponentSize = KEEL_COMPONENT_SIZE_1_0;
 const keel_extension* const kExtensions = &export_extension.base;  // beyond struct_size: a trap
-#elif KEEL_TEST_MINOR >= 2 && KEEL_TEST_MINOR <= 5
+#elif KEEL_TEST_MINOR >= 2 && KEEL_TEST_MINOR <= 6
 constexpr size_t kComponentSize = KEEL_COMPONENT_SIZE_1_2;
 const keel_extension* const kExtensions = &export_extension.base;
 #else

@@ -16,21 +16,18 @@
 
 namespace keel::test {
 
-/// The job the parallel and checkpoint suites share: the tiny DeepSeek-V3 with MTP (4 layers,
-/// so 4 stages fit), two microbatches, 10 steps, clipping that bites every step, every copy of
-/// every parameter checked after every step, the final state dumped. `checkpoint` holds extra
+/// The job the parallel and checkpoint suites share, with `model` as the [model] table's lines
+/// (tiny_deepseek_job: the tiny DeepSeek-V3 with MTP, 4 layers, so 4 stages fit): two
+/// microbatches, 10 steps, clipping that bites every step, every copy of every parameter
+/// checked after every step, the final state dumped. `checkpoint` holds extra
 /// lines of the [checkpoint] table.
 ///
 /// Runs of it in different layouts are compared under the error model of tolerance.hpp: loss
 /// and grad norm within 1e-5, Adam's moments within the normwise gradient bound, parameters
 /// within Adam's own per-step bound (lr 3e-4, 10 steps); none of it depends on one machine's
 /// bits.
-inline std::string tiny_deepseek_job(const std::string& checkpoint = "") {
-  return R"([model]
-plugin = "deepseek_v3_mtp"
-flavor = "tiny"
-n_layers = 4
-[clipper]
+inline std::string tiny_job(const std::string& model, const std::string& checkpoint = "") {
+  return "[model]\n" + model + R"([clipper]
 max_norm = 0.05
 [training]
 steps = 10
@@ -51,6 +48,11 @@ dump_state = true
 [checkpoint]
 save_final = false
 )" + checkpoint;
+}
+
+/// tiny_job() of the tiny DeepSeek-V3 with MTP (4 layers).
+inline std::string tiny_deepseek_job(const std::string& checkpoint = "") {
+  return tiny_job("plugin = \"deepseek_v3_mtp\"\nflavor = \"tiny\"\nn_layers = 4\n", checkpoint);
 }
 
 /// What one run of a job left behind.

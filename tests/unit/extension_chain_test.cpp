@@ -23,6 +23,8 @@ keel_status state_importer(keel_model*, const char*, const keel_import_source*, 
   return KEEL_OK;
 }
 
+keel_status recomputer(keel_model*, int32_t) { return KEEL_OK; }
+
 keel_component model_with(const keel_extension* chain, size_t size = sizeof(keel_component)) {
   static const keel_model_vtable vtable{};
   return keel_component{size, KEEL_COMPONENT_MODEL, "m", "", &vtable, chain};
@@ -117,6 +119,27 @@ TEST(ExtensionChain, ImportIsFoundWhenCompleteAndRefusedWhenIncompleteOrMisplace
   keel_component clipper = model_with(&whole.base);
   clipper.kind = KEEL_COMPONENT_CLIPPER;
   EXPECT_NE(refusal(clipper).find("the model import extension on a clipper"), std::string::npos);
+}
+
+// ABI 1.6: the recompute extension is kept when complete, refused naming what is missing.
+TEST(ExtensionChain, RecomputeIsFoundWhenCompleteAndRefusedWhenIncompleteOrMisplaced) {
+  keel_model_recompute_extension whole{
+      {sizeof(keel_model_recompute_extension), KEEL_EXTENSION_MODEL_RECOMPUTE, nullptr},
+      1u << KEEL_RECOMPUTE_FULL,
+      recomputer};
+  ComponentExtensions found = read_extensions("p.so", model_with(&whole.base));
+  EXPECT_EQ(found.model_recompute.set_recompute, &recomputer);
+  EXPECT_EQ(found.model_recompute.modes, 1u << KEEL_RECOMPUTE_FULL);
+
+  keel_model_recompute_extension short_one = whole;
+  short_one.base.struct_size = KEEL_STRUCT_SIZE(keel_model_recompute_extension, modes);
+  EXPECT_NE(refusal(model_with(&short_one.base)).find("this host needs at least"), std::string::npos);
+  keel_model_recompute_extension no_function = whole;
+  no_function.set_recompute = nullptr;
+  EXPECT_NE(refusal(model_with(&no_function.base)).find("has no set_recompute function"), std::string::npos);
+  keel_component clipper = model_with(&whole.base);
+  clipper.kind = KEEL_COMPONENT_CLIPPER;
+  EXPECT_NE(refusal(clipper).find("the model recompute extension on a clipper"), std::string::npos);
 }
 
 }  // namespace

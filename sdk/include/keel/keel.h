@@ -24,7 +24,8 @@
  *     declares the keys of its config table). 1.4: KEEL_EXTENSION_MODEL_IMPORT (a model reads
  *     a checkpoint of another format, e.g. Hugging Face's, through keel_import_source). 1.5:
  *     keel_host_api.report_metric_ratio (a metric that is a ratio of sums, e.g. a loss weighted
- *     by its tokens over microbatches and ranks).
+ *     by its tokens over microbatches and ranks). 1.6: KEEL_EXTENSION_MODEL_RECOMPUTE (a
+ *     model recomputes activations in backward instead of keeping them; keel/recompute.hpp).
  *
  * Ownership and lifetime:
  *   - Every pointer handed across the boundary is borrowed for the duration of the call unless
@@ -132,7 +133,7 @@ extern "C" {
 /* ---------------------------------------------------------------- versions and basics */
 
 #define KEEL_ABI_MAJOR 1
-#define KEEL_ABI_MINOR 5
+#define KEEL_ABI_MINOR 6
 
 /* The size of struct T up to and including `last_field`: the minimum struct_size a receiver
  * needs when it reads fields up to that one (sizeof(T) may add trailing padding). */
@@ -547,9 +548,10 @@ typedef struct keel_extension {
 #define KEEL_MAX_EXTENSIONS 64
 
 enum {
-  KEEL_EXTENSION_MODEL_EXPORT = 1, /* keel_model_export_extension, on a MODEL component     */
-  KEEL_EXTENSION_CONFIG_KEYS = 2,  /* keel_config_keys_extension, on any component (1.3)    */
-  KEEL_EXTENSION_MODEL_IMPORT = 3  /* keel_model_import_extension, on a MODEL component (1.4) */
+  KEEL_EXTENSION_MODEL_EXPORT = 1,   /* keel_model_export_extension, on a MODEL component     */
+  KEEL_EXTENSION_CONFIG_KEYS = 2,    /* keel_config_keys_extension, on any component (1.3)    */
+  KEEL_EXTENSION_MODEL_IMPORT = 3,   /* keel_model_import_extension, on a MODEL component (1.4) */
+  KEEL_EXTENSION_MODEL_RECOMPUTE = 4 /* keel_model_recompute_extension, on a MODEL component (1.6) */
 };
 
 /* Model export (the 1.1 vtable field export_state, as an extension). */
@@ -660,6 +662,30 @@ typedef struct keel_model_import_extension {
 } keel_model_import_extension;
 
 #define KEEL_MODEL_IMPORT_EXTENSION_SIZE_1_4 KEEL_STRUCT_SIZE(keel_model_import_extension, import_state)
+
+/* What a model recomputes in backward instead of keeping from forward (1.6). */
+typedef enum keel_recompute_mode {
+  KEEL_RECOMPUTE_NONE = 0,     /* keep every activation autograd saves                          */
+  KEEL_RECOMPUTE_FULL = 1,     /* keep each transformer block's inputs; rerun the block         */
+  KEEL_RECOMPUTE_SELECTIVE = 2 /* keep matrix-product outputs; rerun attention's scores, softmax
+                                * and value product and the element-wise parts                   */
+} keel_recompute_mode;
+
+/* Activation recomputation (1.6). The host asks for a mode only when the job sets
+ * training.recompute, and refuses the job, naming the model, when the mode is not in `modes`.
+ * A recomputed run must be bitwise the run that keeps everything: the same forward computed
+ * again (keel/recompute.hpp does it for C++ plugins: random state, autocast, and side effects
+ * such as statistics kept to the first run). */
+typedef struct keel_model_recompute_extension {
+  keel_extension base; /* type = KEEL_EXTENSION_MODEL_RECOMPUTE                             */
+  /* The modes implemented, as bits: (1u << KEEL_RECOMPUTE_FULL) | (1u << KEEL_RECOMPUTE_SELECTIVE). */
+  uint32_t modes;
+  /* Sets the mode of the parts built after it: called before build_part, with a mode listed
+   * in `modes`. [once][setup][train-thread] */
+  keel_status (*set_recompute)(keel_model* model, int32_t mode);
+} keel_model_recompute_extension;
+
+#define KEEL_MODEL_RECOMPUTE_EXTENSION_SIZE_1_6 KEEL_STRUCT_SIZE(keel_model_recompute_extension, set_recompute)
 
 /* ---------------------------------------------------------------- the descriptor */
 

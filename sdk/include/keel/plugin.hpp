@@ -11,6 +11,7 @@
 #include <keel/import.hpp>
 #include <keel/param_view.hpp>
 #include <keel/part.hpp>
+#include <keel/recompute_mode.hpp>
 
 #include <algorithm>
 #include <cstring>
@@ -116,6 +117,9 @@ struct ModelAdapter {
       ExportSink out(sink, holder(m).host.raw());
       holder(m).object->export_state(format != nullptr ? format : "", tensors, out);
     });
+  }
+  static keel_status set_recompute(keel_model* m, int32_t mode) {
+    return guard(holder(m).host.raw(), [&] { holder(m).object->set_recompute(static_cast<Recompute>(mode)); });
   }
   static keel_status import_config(keel_host* host, const char* format, const keel_import_source* source,
                                    const keel_config_sink* sink) {
@@ -272,6 +276,29 @@ const keel_extension* with_import(const keel_extension* next) {
   }
 }
 
+template <class M>
+constexpr bool has_recompute = requires(M& m) {
+  { M::recompute_modes } -> std::convertible_to<uint32_t>;
+  m.set_recompute(Recompute::full);
+};
+
+// The recompute extension of M chained in front of `next` when M recomputes.
+template <class M>
+const keel_extension* with_recompute(const keel_extension* next) {
+  if constexpr (has_recompute<M>) {
+    static const keel_model_recompute_extension recompute_extension = [next] {
+      keel_model_recompute_extension e{};
+      e.base = {sizeof(keel_model_recompute_extension), KEEL_EXTENSION_MODEL_RECOMPUTE, next};
+      e.modes = M::recompute_modes;
+      e.set_recompute = &ModelAdapter<M>::set_recompute;
+      return e;
+    }();
+    return &recompute_extension.base;
+  } else {
+    return next;
+  }
+}
+
 }  // namespace detail
 
 /// The MODEL component of class M. M provides:
@@ -286,8 +313,10 @@ const keel_extension* with_import(const keel_extension* next) {
 ///   void import_state(const std::string& format, const keel::ImportSource&, keel::ExportSink&);
 /// with `static constexpr const char* import_formats = "hf";`, and
 ///   static std::vector<keel::ConfigKey> config_keys();
-/// declaring every key it reads (keel/config_keys.hpp). A hook M lacks is NULL in the vtable;
-/// export, import and config keys are offered as extensions.
+/// declaring every key it reads (keel/config_keys.hpp), and
+///   void set_recompute(keel::Recompute);  with  static constexpr uint32_t recompute_modes = ...;
+/// (keel::recompute_bit(mode) | ...; the helper is keel/recompute.hpp). A hook M lacks is NULL in the vtable;
+/// export, import, recomputation and config keys are offered as extensions.
 /// `hook_flags` declares capture-safe hooks (KEEL_HOOK_*_CAPTURE_SAFE). Every member function
 /// is called on the train thread.
 template <class M>
@@ -324,12 +353,13 @@ const keel_component* model_component(const char* name, const char* description,
     }();
     extensions = &export_extension.base;
   }
-  static const keel_component component{sizeof(keel_component),
-                                        KEEL_COMPONENT_MODEL,
-                                        name,
-                                        description,
-                                        &vtable,
-                                        detail::with_config_keys<M>(detail::with_import<M>(extensions))};
+  static const keel_component component{
+      sizeof(keel_component),
+      KEEL_COMPONENT_MODEL,
+      name,
+      description,
+      &vtable,
+      detail::with_config_keys<M>(detail::with_recompute<M>(detail::with_import<M>(extensions)))};
   return &component;
 }
 
