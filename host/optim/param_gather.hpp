@@ -1,13 +1,12 @@
 // The end of a sharded optimizer step: every member of a reduction group stepped only its
 // range of each gradient bucket (optim/optimizer_shards.hpp), so the updated rows travel to
-// the other members — one all-gather per bucket, each member's range padded to the longest.
-// The bytes are copied as they are, so every member ends with bitwise the same parameters.
-// The staging buffers (a rank's range and every member's) are allocated once.
+// the other members — each member broadcasts its range in turn (the bytes of one all-gather)
+// through a staging buffer of the longest range, allocated once. The bytes are copied as
+// they are, so every member ends with bitwise the same parameters.
 #pragma once
 
 #include <ATen/ATen.h>
 
-#include <utility>
 #include <vector>
 
 #include "grad_sync/bucket_layout.hpp"
@@ -24,8 +23,9 @@ class ParameterGather {
   /// Copies every member's updated rows into every other member's parameters.
   /// [collective: dp, edp]
   void run();
-  /// Number of all-gathers one run() issues on this rank.
-  size_t collectives_per_step() const { return buckets_.size(); }
+  /// Number of buckets whose rows one run() brings to the other members (one broadcast per
+  /// member each).
+  size_t buckets() const { return buckets_.size(); }
   /// Bytes of the staging buffers.
   int64_t bytes() const;
   /// The bytes a ParameterGather over `layout` allocates in groups of `dense_members` (dp) and
@@ -36,11 +36,11 @@ class ParameterGather {
  private:
   struct Bucket {
     Group* group = nullptr;
-    int64_t longest = 0;                             ///< elements of the longest member range
     std::vector<std::vector<at::Tensor>> by_member;  ///< each member's pieces, flat views
-    at::Tensor send, received;                       ///< views of the staging buffers
+    std::vector<int64_t> elements;                   ///< each member's range
+    at::Tensor staging;                              ///< its buffer's staging buffer
   };
-  std::vector<std::pair<at::Tensor, at::Tensor>> staging_;  ///< per gradient buffer: send, receive
+  std::vector<at::Tensor> staging_;  ///< per gradient buffer
   std::vector<Bucket> buckets_;
 };
 

@@ -96,8 +96,8 @@ void Trainer::build_optimizer() {
     if (mesh.layout().rank == 0)
       log_info(
           cat("optimizer state sharded over dp (dense) and edp (experts): each rank steps its range of every "
-              "gradient bucket, then ",
-              gather_->collectives_per_step(), " all-gather(s) per step bring the updated rows to the others"));
+              "gradient bucket, then broadcasts its updated rows to the others (",
+              gather_->buckets(), " bucket(s))"));
   }
   schedule_ = std::make_unique<LrSchedule>(c.optimizer.lr, c.lr_scheduler.warmup_steps, c.training.steps,
                                            c.lr_scheduler.decay, c.lr_scheduler.min_lr_ratio);
