@@ -7,10 +7,16 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <cstdlib>
+#include <limits>
 #include <stdexcept>
 
+#include "common/error.hpp"
 #include "common/text.hpp"
 #include "common/torch_compat.hpp"
 
@@ -118,6 +124,33 @@ class C10dGroup final : public Group {
 
 }  // namespace
 
+namespace {
+
+// The descriptor in `text` when it is a TCP socket listening on `port`; else an InputError
+// naming the variable (the environment is outside input).
+int listening_socket(const char* text, int port) {
+  const std::string where = cat("KEEL_MASTER_LISTEN_FD='", text, "'");
+  char* end = nullptr;
+  const long fd = std::strtol(text, &end, 10);
+  if (*end != '\0' || fd < 0 || fd > std::numeric_limits<int>::max())
+    throw InputError(where + " is not a file descriptor");
+  int listening = 0;
+  socklen_t size = sizeof(listening);
+  if (getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_ACCEPTCONN, &listening, &size) != 0 || listening == 0)
+    throw InputError(where + " is not a listening socket");
+  sockaddr_storage address{};
+  socklen_t length = sizeof(address);
+  if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&address), &length) != 0)
+    throw InputError(where + ": its address cannot be read");
+  int bound = -1;
+  if (address.ss_family == AF_INET) bound = ntohs(reinterpret_cast<const sockaddr_in*>(&address)->sin_port);
+  if (address.ss_family == AF_INET6) bound = ntohs(reinterpret_cast<const sockaddr_in6*>(&address)->sin6_port);
+  if (bound != port) throw InputError(cat(where, " listens on port ", bound, ", not on MASTER_PORT ", port));
+  return static_cast<int>(fd);
+}
+
+}  // namespace
+
 Rendezvous Rendezvous::from_environment(int rank, int world_size, std::chrono::milliseconds timeout) {
   Rendezvous r;
   r.rank = rank;
@@ -128,9 +161,11 @@ Rendezvous Rendezvous::from_environment(int rank, int world_size, std::chrono::m
     char* end = nullptr;
     long value = std::strtol(port, &end, 10);
     if (*end != '\0' || value <= 0 || value > 65535)
-      throw std::invalid_argument(cat("MASTER_PORT='", port, "' is not a port number"));
+      throw InputError(cat("MASTER_PORT='", port, "' is not a port number"));
     r.master_port = static_cast<int>(value);
   }
+  if (const char* fd = std::getenv("KEEL_MASTER_LISTEN_FD"); rank == 0 && fd != nullptr && *fd != '\0')
+    r.listen_fd = listening_socket(fd, r.master_port);
   return r;
 }
 
@@ -147,8 +182,12 @@ C10dWorld::C10dWorld(const Rendezvous& r) : impl_(std::make_unique<Impl>()) {
   opts.numWorkers = r.world_size;
   opts.waitWorkers = true;
   opts.timeout = r.timeout;
+  if (r.listen_fd >= 0) opts.masterListenFd = r.listen_fd;
   try {
     impl_->store = c10::make_intrusive<c10d::TCPStore>(r.master_addr, opts);
+  } catch (const c10::Error& e) {  // LibTorch's message without its C++ stack trace
+    throw std::runtime_error(cat("rank ", r.rank, ": rendezvous at ", r.master_addr, ":", r.master_port,
+                                 " failed: ", e.what_without_backtrace()));
   } catch (const std::exception& e) {
     throw std::runtime_error(
         cat("rank ", r.rank, ": rendezvous at ", r.master_addr, ":", r.master_port, " failed: ", e.what()));

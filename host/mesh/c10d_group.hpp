@@ -20,8 +20,13 @@ struct Rendezvous {
   int world_size = 1;
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   bool nccl = false;  ///< also NCCL for CUDA tensors (CPU tensors always use Gloo)
+  /// Rank 0: a socket already bound to master_port and listening, handed over by the launcher
+  /// (KEEL_MASTER_LISTEN_FD), so that no other process can take the port between its choice
+  /// and the store's start; -1 when the store binds the port itself.
+  int listen_fd = -1;
 
-  /// Reads MASTER_ADDR / MASTER_PORT (defaults above) for `rank` of `world_size`.
+  /// Reads MASTER_ADDR / MASTER_PORT (defaults above) and, on rank 0, KEEL_MASTER_LISTEN_FD
+  /// (checked to be a listening socket on MASTER_PORT) for `rank` of `world_size`.
   static Rendezvous from_environment(int rank, int world_size, std::chrono::milliseconds timeout);
 };
 

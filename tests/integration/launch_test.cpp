@@ -2,10 +2,15 @@
 // job with a non-zero exit naming it, and no rank is left behind.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <regex>
+#include <stdexcept>
 #include <thread>
 
 #include "test_support.hpp"
@@ -104,6 +109,57 @@ void expect_killed_rank_stops_the_job(const char* job_text) {
 TEST(KeelLaunch, AKilledRankStopsTheJobNamingTheRank) { expect_killed_rank_stops_the_job(kJob); }
 
 TEST(KeelLaunch, AKilledPipelineStageStopsTheJobNamingTheRank) { expect_killed_rank_stops_the_job(kPipelineJob); }
+
+// A socket of this process bound to a free port and listening; closed on destruction.
+struct HeldPort {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  int port = 0;
+  HeldPort() {
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof(address);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&address), length) != 0 || ::listen(fd, 4) != 0 ||
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0)
+      throw std::runtime_error("cannot hold a port");
+    port = ntohs(address.sin_port);
+  }
+  ~HeldPort() { ::close(fd); }
+};
+
+// keel-launch binds the rendezvous port itself and hands the listening socket to rank 0's
+// store: a port another process holds is refused at once, naming it.
+TEST(KeelLaunch, APortAnotherProcessHoldsIsRefusedNamingIt) {
+  test::TempDir dir;
+  test::write_file(dir / "job.toml", kJob);
+  HeldPort held;
+  const std::string port = std::to_string(held.port);
+  auto r = test::run_command(test::source_dir() + "/tools/keel-launch --nproc 2 --master-port " + port + " -- " +
+                             test::bin_dir() + "/keel-train --config " + (dir / "job.toml"));
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("keel-launch: cannot listen on 127.0.0.1:" + port), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("rank 0 pid"), std::string::npos) << r.output;
+}
+
+// The handed-over socket comes from the environment: rank 0 refuses one that is not a socket
+// listening on MASTER_PORT, naming the variable, with the exit status of bad input.
+TEST(KeelLaunch, RankZeroRefusesAListenDescriptorThatIsNotItsPort) {
+  test::TempDir dir;
+  test::write_file(dir / "job.toml", kJob);
+  HeldPort held;
+  const std::string train = test::bin_dir() + "/keel-train --plugin-path " + test::plugin_dir() + " --config " +
+                            (dir / "job.toml") + " --set job.run_dir=\\\"" + (dir / "run") + "\\\"";
+  auto not_a_socket = test::run_command("RANK=0 WORLD_SIZE=2 MASTER_PORT=" + std::to_string(held.port) +
+                                        " KEEL_MASTER_LISTEN_FD=0 " + train + " < /dev/null");
+  EXPECT_EQ(not_a_socket.status, 2) << not_a_socket.output;
+  EXPECT_NE(not_a_socket.output.find("KEEL_MASTER_LISTEN_FD='0' is not a listening socket"), std::string::npos)
+      << not_a_socket.output;
+  auto not_a_number = test::run_command("RANK=0 WORLD_SIZE=2 MASTER_PORT=" + std::to_string(held.port) +
+                                        " KEEL_MASTER_LISTEN_FD=3x " + train);
+  EXPECT_EQ(not_a_number.status, 2) << not_a_number.output;
+  EXPECT_NE(not_a_number.output.find("KEEL_MASTER_LISTEN_FD='3x' is not a file descriptor"), std::string::npos)
+      << not_a_number.output;
+}
 
 }  // namespace
 }  // namespace keel
