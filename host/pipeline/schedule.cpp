@@ -30,6 +30,15 @@ std::vector<PipelineAction> stage_actions(const std::string& schedule, int stage
   return out;
 }
 
+int peak_in_flight(const std::vector<PipelineAction>& actions) {
+  int alive = 0, peak = 0;
+  for (const PipelineAction& a : actions) {
+    alive += a.kind == PipelineAction::forward ? 1 : -1;
+    peak = std::max(peak, alive);
+  }
+  return peak;
+}
+
 double ideal_bubble_fraction(int stages, int microbatches) {
   return static_cast<double>(stages - 1) / static_cast<double>(microbatches + stages - 1);
 }

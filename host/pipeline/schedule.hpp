@@ -25,6 +25,10 @@ struct PipelineAction {
 /// Throws std::invalid_argument on an unknown schedule or impossible sizes.
 std::vector<PipelineAction> stage_actions(const std::string& schedule, int stage, int stages, int microbatches);
 
+/// The most microbatches whose forward has run and whose backward has not, at any point of
+/// `actions`: how many microbatches' activations the stage holds at its peak.
+int peak_in_flight(const std::vector<PipelineAction>& actions);
+
 /// The idle fraction of an ideal pipeline with equal stage times: (p - 1) / (m + p - 1).
 double ideal_bubble_fraction(int stages, int microbatches);
 

@@ -192,6 +192,17 @@ void Model::set_recompute(const std::string& mode, const std::string& key) {
   context_.check(e.set_recompute(raw_, wanted), "set_recompute");
 }
 
+std::optional<int64_t> Model::activation_bytes(const keel_part_spec& spec, int64_t batch, int64_t seq,
+                                               keel_recompute_mode mode) {
+  const keel_model_memory_extension& e = extensions_.model_memory;
+  if (e.activation_bytes == nullptr) return std::nullopt;
+  int64_t bytes = -1;
+  context_.check(e.activation_bytes(raw_, &spec, batch, seq, mode, &bytes), "activation_bytes");
+  // A plugin's figure is outside input like any other: a negative one is a broken estimate.
+  if (bytes < 0) throw InputError(cat(context_.label(), ": activation_bytes gave ", bytes, " bytes"));
+  return bytes;
+}
+
 ModelExport Model::export_state(const std::string& format,
                                 const std::vector<std::pair<std::string, at::Tensor>>& state) {
   // 1.2 offers export as an extension; a 1.1 plugin has it in the vtable.

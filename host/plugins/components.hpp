@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -120,6 +121,10 @@ class Model {
   /// Asks the model to recompute `mode` ("full" or "selective") in the parts it builds next;
   /// an InputError naming `key` and the plugin when it does not implement that mode.
   void set_recompute(const std::string& mode, const std::string& key);
+  /// The model's estimate of what one forward of the part `spec` keeps for backward, for a
+  /// [batch, seq] microbatch under recompute `mode`; nullopt when its plugin offers none.
+  std::optional<int64_t> activation_bytes(const keel_part_spec& spec, int64_t batch, int64_t seq,
+                                          keel_recompute_mode mode);
   /// The vtable (zero-extended to this host's size).
   const keel_model_vtable& vtable() const { return vtable_; }
   /// The extensions of the model's component that this host knows.

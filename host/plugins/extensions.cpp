@@ -188,6 +188,17 @@ ComponentExtensions read_extensions(const std::string& path, const keel_componen
         throw InputError(cat(where(index), ": the model recompute extension has no set_recompute function"));
       continue;
     }
+    if (e->type == KEEL_EXTENSION_MODEL_MEMORY) {
+      require_model(component, where(index), "memory");
+      if (e->struct_size < KEEL_MODEL_MEMORY_EXTENSION_SIZE_1_6)
+        throw InputError(cat(where(index), ": the model memory extension is ", e->struct_size,
+                             " bytes, this host needs at least ", KEEL_MODEL_MEMORY_EXTENSION_SIZE_1_6, " (ABI 1.6)"));
+      out.model_memory = copy_versioned<keel_model_memory_extension>(e);
+      out.model_memory.base.next = nullptr;
+      if (out.model_memory.activation_bytes == nullptr)
+        throw InputError(cat(where(index), ": the model memory extension has no activation_bytes function"));
+      continue;
+    }
     if (e->type != KEEL_EXTENSION_MODEL_EXPORT) {
       out.unknown.push_back(e->type);
       continue;

@@ -36,6 +36,8 @@ struct ComponentExtensions {
   keel_model_import_extension model_import{};
   /// KEEL_EXTENSION_MODEL_RECOMPUTE (zero-extended), or empty (set_recompute NULL) when absent.
   keel_model_recompute_extension model_recompute{};
+  /// KEEL_EXTENSION_MODEL_MEMORY (zero-extended), or empty (activation_bytes NULL) when absent.
+  keel_model_memory_extension model_memory{};
   /// KEEL_EXTENSION_CONFIG_KEYS: the keys the component reads, in its order; empty when it
   /// declares none (then nothing is checked).
   std::optional<std::vector<DeclaredConfigKey>> config_keys;

@@ -8,6 +8,7 @@
 #include "common/text.hpp"
 #include "device/device.hpp"
 #include "memory/state_memory.hpp"
+#include "pipeline/schedule.hpp"
 
 namespace keel {
 
@@ -58,8 +59,41 @@ std::string describe_part(const ModelPart& part, const std::vector<int>& ranks) 
                 part.buffers().size(), replicas.empty() ? "" : cat(", REPLICA: ", join(replicas, ", ")).c_str());
 }
 
+// What one rank's forwards keep for backward: the model's estimate per microbatch, times the
+// microbatches its schedule holds at once.
+struct ActivationPlan {
+  int64_t per_microbatch = 0;
+  int in_flight = 0;
+  int64_t total() const { return per_microbatch * in_flight; }
+};
+
+keel_recompute_mode recompute_mode(const std::string& name) {
+  if (name == "full") return KEEL_RECOMPUTE_FULL;
+  if (name == "selective") return KEEL_RECOMPUTE_SELECTIVE;
+  return KEEL_RECOMPUTE_NONE;
+}
+
+// The activations of `view`'s parts, or nullopt when its model offers no estimate.
+std::optional<ActivationPlan> plan_activations(Job& view) {
+  const JobConfig& c = view.config();
+  const MeshLayout mesh = view.mesh().layout();
+  const int64_t batch = c.training.global_batch / (mesh.dp * c.parallelism.microbatches);
+  ActivationPlan plan;
+  for (ModelPart* part : view.parts()) {
+    const std::optional<int64_t> bytes =
+        view.model().activation_bytes(part->spec(), batch, c.training.seq_len, recompute_mode(c.training.recompute));
+    if (!bytes) return std::nullopt;
+    plan.per_microbatch += *bytes;
+    plan.in_flight = peak_in_flight(
+        stage_actions(c.parallelism.schedule, part->spec().stage_index, mesh.pp, c.parallelism.microbatches));
+  }
+  return plan;
+}
+
 // The plan's verdict against the memory of one device: the configured figure, else the GPU's.
-void print_fit(const JobConfig& config, const std::vector<StateBytes>& by_rank) {
+// `activations` is empty when the model offers no estimate: then the verdict is of the state.
+void print_fit(const JobConfig& config, const std::vector<StateBytes>& state,
+               const std::optional<std::vector<ActivationPlan>>& activations) {
   const std::optional<double> gpu = cuda_device_memory_bytes();
   const double limit =
       config.training.device_memory_gb > 0 ? config.training.device_memory_gb * double(1 << 30) : gpu.value_or(0);
@@ -68,23 +102,41 @@ void print_fit(const JobConfig& config, const std::vector<StateBytes>& by_rank) 
     return;
   }
   const char* source = config.training.device_memory_gb > 0 ? "training.device_memory_gb" : "this machine's GPU";
+  const char* scope = activations ? "with the activation estimate" : "before activations";
   std::vector<size_t> over;
   int64_t largest = 0;
-  for (size_t rank = 0; rank < by_rank.size(); ++rank) {
-    largest = std::max(largest, by_rank[rank].total());
-    if (static_cast<double>(by_rank[rank].total()) > limit) over.push_back(rank);
+  for (size_t rank = 0; rank < state.size(); ++rank) {
+    const int64_t total = state[rank].total() + (activations ? (*activations)[rank].total() : 0);
+    largest = std::max(largest, total);
+    if (static_cast<double>(total) > limit) over.push_back(rank);
   }
   if (over.empty()) {
-    std::printf("  every rank's state fits in %s per device (%s): the largest takes %s, %.0f %%, before activations\n",
-                human_bytes(limit).c_str(), source, human_bytes(static_cast<double>(largest)).c_str(),
+    std::printf("  every rank fits in %s per device (%s), %s: the largest takes %s, %.0f %%\n",
+                human_bytes(limit).c_str(), source, scope, human_bytes(static_cast<double>(largest)).c_str(),
                 100.0 * static_cast<double>(largest) / limit);
     return;
   }
-  std::printf(
-      "  WARNING: %zu rank(s) will not fit in %s per device (%s), before activations: rank(s) %s; the largest "
-      "needs %s\n",
-      over.size(), human_bytes(limit).c_str(), source, describe_ranks(over).c_str(),
-      human_bytes(static_cast<double>(largest)).c_str());
+  std::printf("  WARNING: %zu rank(s) will not fit in %s per device (%s), %s: rank(s) %s; the largest needs %s\n",
+              over.size(), human_bytes(limit).c_str(), source, scope, describe_ranks(over).c_str(),
+              human_bytes(static_cast<double>(largest)).c_str());
+}
+
+// One line per stage: the estimate per microbatch, the microbatches in flight, their product.
+void print_activations(const JobConfig& config, const std::vector<ActivationPlan>& by_rank, const MeshLayout& mesh) {
+  const int64_t batch = config.training.global_batch / (mesh.dp * config.parallelism.microbatches);
+  std::printf("activation estimate per rank (recompute %s, schedule %s, microbatches of %ld x %ld tokens):\n",
+              config.training.recompute.c_str(), config.parallelism.schedule.c_str(), static_cast<long>(batch),
+              static_cast<long>(config.training.seq_len));
+  for (int stage = 0; stage < mesh.pp; ++stage) {
+    std::vector<size_t> ranks;
+    for (int d = 0; d < mesh.dp; ++d) ranks.push_back(static_cast<size_t>(mesh.rank_of(stage, d)));
+    std::sort(ranks.begin(), ranks.end());
+    const ActivationPlan& a = by_rank[ranks.front()];
+    std::printf("  rank%s %s: %ld B (%s) per microbatch x %d in flight = %s\n", ranks.size() > 1 ? "s" : "",
+                describe_ranks(ranks).c_str(), static_cast<long>(a.per_microbatch),
+                human_bytes(static_cast<double>(a.per_microbatch)).c_str(), a.in_flight,
+                human_bytes(static_cast<double>(a.total())).c_str());
+  }
 }
 
 }  // namespace
@@ -111,6 +163,7 @@ void print_dry_run(const RunOptions& options) {
   // Ranks differ only by stage and expert shard: the dp replicas of a shard hold the same part.
   std::map<std::string, ParamCount> totals;
   std::vector<StateBytes> state_by_rank(static_cast<size_t>(mesh.world()));
+  std::optional<std::vector<ActivationPlan>> activations_by_rank(static_cast<size_t>(mesh.world()));
   for (int stage = 0; stage < mesh.pp; ++stage)
     for (int shard = 0; shard < mesh.ep; ++shard) {
       std::unique_ptr<Job> view =
@@ -118,6 +171,8 @@ void print_dry_run(const RunOptions& options) {
       std::vector<int> ranks;
       for (int d = shard; d < mesh.dp; d += mesh.ep) ranks.push_back(mesh.rank_of(stage, d));
       for (ModelPart* part : view->parts()) std::fputs(describe_part(*part, ranks).c_str(), stdout);
+      const std::optional<ActivationPlan> activations = plan_activations(*view);
+      if (!activations) activations_by_rank.reset();
       for (int r : ranks) {
         // The dp replicas of a part differ only in the optimizer rows they step, if sharded.
         const int d = r % mesh.dp;
@@ -126,6 +181,7 @@ void print_dry_run(const RunOptions& options) {
                                         {mesh.dp, d},
                                         {mesh.edp(), d / mesh.ep}};
         state_by_rank[static_cast<size_t>(r)] = planned_state_bytes(view->parts(), optimizer);
+        if (activations_by_rank) (*activations_by_rank)[static_cast<size_t>(r)] = *activations;
       }
       if (shard != 0) continue;  // shards are counted at their global size once per stage
       for (const auto& [group, count] : count_parameters(*view)) {
@@ -139,11 +195,16 @@ void print_dry_run(const RunOptions& options) {
     if (!group.empty()) std::fputs(line(group, count).c_str(), stdout);
   std::fputs(line("total", totals[""]).c_str(), stdout);
   // The state a trainer allocates per rank (the trainer logs the same lines from its tensors);
-  // activations come on top and depend on the schedule: not estimated here.
+  // activations come on top, from the model's estimate and the schedule.
   std::printf("memory plan, training state per rank (parameters, gradients, AdamW%s, buffers; activations on top):\n",
               config.parallelism.shard_optimizer ? " sharded over dp/edp" : "");
   for (const std::string& l : state_lines_by_rank(state_by_rank)) std::printf("  %s\n", l.c_str());
-  print_fit(config, state_by_rank);
+  if (activations_by_rank)
+    print_activations(config, *activations_by_rank, mesh);
+  else
+    std::printf("activation estimate: none, %s offers no KEEL_EXTENSION_MODEL_MEMORY (SDK 1.6)\n",
+                config.model.component.c_str());
+  print_fit(config, state_by_rank, activations_by_rank);
   std::fflush(stdout);
 }
 

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "activations.hpp"
 #include "args.hpp"
 #include "export_hf.hpp"
 #include "import_hf.hpp"
@@ -43,6 +44,10 @@ class DeepSeekV3 {
   }
 
   void set_recompute(keel::Recompute mode) { args_.recompute = mode; }
+
+  int64_t activation_bytes(const keel_part_spec& spec, int64_t batch, int64_t seq, keel::Recompute mode) const {
+    return deepseek_v3::activation_bytes(args_, spec, batch, seq, mode, mesh_.ep);
+  }
 
   keel::Part& build_part(const keel_part_spec& spec) {
     deepseek_v3::ExpertPlacement placement;

@@ -45,9 +45,11 @@ std::vector<std::string> expect_plan_is_what_ranks_allocate(const std::string& l
     ADD_FAILURE() << plan.output;
     return {};
   }
+  // The state lines end where the activation estimate begins.
+  const size_t start = plan.output.find(heading);
+  const std::string state = plan.output.substr(start, plan.output.find("activation estimate", start) - start);
   std::vector<std::string> planned;
-  for (const std::string& line : lines_after(plan.output.substr(plan.output.find(heading)), "  rank"))
-    planned.push_back("rank" + line);
+  for (const std::string& line : lines_after(state, "  rank")) planned.push_back("rank" + line);
 
   std::vector<std::string> sets = layout;
   sets.push_back("training.steps=2");
@@ -99,18 +101,75 @@ TEST(MemoryPlan, EveryRanksPeakMemoryIsLoggedAndTheLargestNamed) {
   EXPECT_NE(run.result.output.find(" max (rank "), std::string::npos) << run.result.output;
 }
 
+// The number after `marker` in `line`.
+int64_t number_after(const std::string& line, const std::string& marker) {
+  const size_t at = line.find(marker);
+  return at == std::string::npos ? -1 : std::stoll(line.substr(at + marker.size()));
+}
+
+// The activation estimate's line of each stage, after its ranks: "0,1: 381312 B ... in flight = ...".
+std::vector<std::string> activation_lines(const std::string& output) {
+  std::vector<std::string> found;
+  for (const std::string& l : lines_after(output, "  ranks "))
+    if (l.find(" in flight = ") != std::string::npos) found.push_back(l);
+  return found;
+}
+
+TEST(MemoryPlan, ActivationsArePlannedPerStageForTheMicrobatchesItsScheduleHolds) {
+  test::TempDir dir;
+  // 1F1B on two stages with two microbatches: stage 0 holds both, stage 1 one at a time.
+  auto plan = dry_run(dir, "");
+  ASSERT_EQ(plan.status, 0) << plan.output;
+  EXPECT_NE(plan.output.find("activation estimate per rank (recompute none, schedule 1f1b, microbatches of 2 x 16 "
+                             "tokens):"),
+            std::string::npos)
+      << plan.output;
+  const std::vector<std::string> stages = activation_lines(plan.output);
+  ASSERT_EQ(stages.size(), 2u) << plan.output;
+  EXPECT_EQ(stages[0].rfind("0,1: ", 0), 0u) << stages[0];
+  EXPECT_NE(stages[0].find(" per microbatch x 2 in flight"), std::string::npos) << stages[0];
+  EXPECT_EQ(stages[1].rfind("2,3: ", 0), 0u) << stages[1];
+  EXPECT_NE(stages[1].find(" per microbatch x 1 in flight"), std::string::npos) << stages[1];
+  const int64_t first = number_after(stages[0], ": "), last = number_after(stages[1], ": ");
+  EXPECT_GT(first, 0);
+  EXPECT_GT(last, first) << "the last stage also keeps the head's and MTP's activations";
+
+  // GPipe holds every microbatch; full recomputation keeps much less of each.
+  auto gpipe = dry_run(dir, " --set parallelism.schedule=gpipe --set training.recompute=full");
+  ASSERT_EQ(gpipe.status, 0) << gpipe.output;
+  const std::vector<std::string> gpipe_lines = activation_lines(gpipe.output);
+  ASSERT_EQ(gpipe_lines.size(), 2u) << gpipe.output;
+  EXPECT_NE(gpipe_lines[1].find(" per microbatch x 2 in flight"), std::string::npos) << gpipe_lines[1];
+  EXPECT_LT(number_after(gpipe_lines[0], ": "), first / 2) << gpipe.output;
+}
+
+TEST(MemoryPlan, AModelWithoutAnEstimatePlansItsStateAlone) {
+  test::TempDir dir;
+  test::write_file(dir / "llama.toml", test::tiny_job("plugin = \"llama3\"\nflavor = \"tiny\"\n"));
+  auto plan = test::run_command(test::bin_dir() + "/keel-train --dry-run --plugin-path " + test::plugin_dir() +
+                                " --config " + (dir / "llama.toml") + " --set training.device_memory_gb=80");
+  ASSERT_EQ(plan.status, 0) << plan.output;
+  EXPECT_NE(plan.output.find("activation estimate: none, llama3 offers no KEEL_EXTENSION_MODEL_MEMORY (SDK 1.6)"),
+            std::string::npos)
+      << plan.output;
+  EXPECT_NE(plan.output.find("every rank fits in 80.0 GiB per device (training.device_memory_gb), before "
+                             "activations: the largest takes "),
+            std::string::npos)
+      << plan.output;
+}
+
 TEST(MemoryPlan, ARankThatWillNotFitIsWarnedOf) {
   test::TempDir dir;
   auto tight = dry_run(dir, " --set training.device_memory_gb=0.001");
   ASSERT_EQ(tight.status, 0) << tight.output;
   EXPECT_NE(tight.output.find("WARNING: 4 rank(s) will not fit in 1.0 MiB per device (training.device_memory_gb), "
-                              "before activations: rank(s) 0-3; the largest needs "),
+                              "with the activation estimate: rank(s) 0-3; the largest needs "),
             std::string::npos)
       << tight.output;
   auto roomy = dry_run(dir, " --set training.device_memory_gb=80");
   ASSERT_EQ(roomy.status, 0) << roomy.output;
-  EXPECT_NE(roomy.output.find("every rank's state fits in 80.0 GiB per device (training.device_memory_gb): the "
-                              "largest takes "),
+  EXPECT_NE(roomy.output.find("every rank fits in 80.0 GiB per device (training.device_memory_gb), with the "
+                              "activation estimate: the largest takes "),
             std::string::npos)
       << roomy.output;
   EXPECT_EQ(roomy.output.find("WARNING"), std::string::npos) << roomy.output;

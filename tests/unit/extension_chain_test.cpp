@@ -24,6 +24,7 @@ keel_status state_importer(keel_model*, const char*, const keel_import_source*, 
 }
 
 keel_status recomputer(keel_model*, int32_t) { return KEEL_OK; }
+keel_status estimator(keel_model*, const keel_part_spec*, int64_t, int64_t, int32_t, int64_t*) { return KEEL_OK; }
 
 keel_component model_with(const keel_extension* chain, size_t size = sizeof(keel_component)) {
   static const keel_model_vtable vtable{};
@@ -140,6 +141,24 @@ TEST(ExtensionChain, RecomputeIsFoundWhenCompleteAndRefusedWhenIncompleteOrMispl
   keel_component clipper = model_with(&whole.base);
   clipper.kind = KEEL_COMPONENT_CLIPPER;
   EXPECT_NE(refusal(clipper).find("the model recompute extension on a clipper"), std::string::npos);
+}
+
+// ABI 1.6: the memory extension is kept when complete, refused naming what is missing.
+TEST(ExtensionChain, MemoryIsFoundWhenCompleteAndRefusedWhenIncompleteOrMisplaced) {
+  keel_model_memory_extension whole{{sizeof(keel_model_memory_extension), KEEL_EXTENSION_MODEL_MEMORY, nullptr},
+                                    estimator};
+  ComponentExtensions found = read_extensions("p.so", model_with(&whole.base));
+  EXPECT_EQ(found.model_memory.activation_bytes, &estimator);
+
+  keel_model_memory_extension short_one = whole;
+  short_one.base.struct_size = sizeof(keel_extension);
+  EXPECT_NE(refusal(model_with(&short_one.base)).find("this host needs at least"), std::string::npos);
+  keel_model_memory_extension no_function = whole;
+  no_function.activation_bytes = nullptr;
+  EXPECT_NE(refusal(model_with(&no_function.base)).find("has no activation_bytes function"), std::string::npos);
+  keel_component clipper = model_with(&whole.base);
+  clipper.kind = KEEL_COMPONENT_CLIPPER;
+  EXPECT_NE(refusal(clipper).find("the model memory extension on a clipper"), std::string::npos);
 }
 
 }  // namespace

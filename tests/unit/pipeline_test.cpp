@@ -71,6 +71,16 @@ TEST(PipelineSchedule, UnknownScheduleAndImpossibleSizesAreRefused) {
   EXPECT_THROW(stage_actions("1f1b", 0, 2, 0), std::invalid_argument);
 }
 
+TEST(PipelineSchedule, OneFOneBHoldsAtMostStagesMinusStageMicrobatchesAndGPipeHoldsThemAll) {
+  for (int stages : {1, 2, 4})
+    for (int m : {1, 3, 8})
+      for (int stage = 0; stage < stages; ++stage) {
+        EXPECT_EQ(peak_in_flight(stage_actions("1f1b", stage, stages, m)), std::min(m, stages - stage))
+            << stage << "/" << stages << " m=" << m;
+        EXPECT_EQ(peak_in_flight(stage_actions("gpipe", stage, stages, m)), m);
+      }
+}
+
 TEST(PipelineSchedule, IdealBubbleIsPMinusOneOverMPlusPMinusOne) {
   EXPECT_DOUBLE_EQ(ideal_bubble_fraction(1, 4), 0.0);
   EXPECT_DOUBLE_EQ(ideal_bubble_fraction(2, 4), 1.0 / 5.0);

@@ -44,6 +44,14 @@ std::string hooks(const keel_component& c, const keel::ComponentExtensions& exte
     const keel_model_import_extension& i = extensions.model_import;
     if (i.import_state != nullptr)
       out.push_back(keel::cat("import [extension; formats: ", i.formats != nullptr ? i.formats : "", "]"));
+    const keel_model_recompute_extension& r = extensions.model_recompute;
+    if (r.set_recompute != nullptr) {
+      std::vector<std::string> modes;
+      for (const auto& [bit, name] : {std::pair{KEEL_RECOMPUTE_FULL, "full"}, {KEEL_RECOMPUTE_SELECTIVE, "selective"}})
+        if ((r.modes & (1u << static_cast<uint32_t>(bit))) != 0) modes.push_back(name);
+      out.push_back(keel::cat("recompute [extension; modes: ", keel::join(modes, ", "), "]"));
+    }
+    if (extensions.model_memory.activation_bytes != nullptr) out.push_back("activation estimate [extension]");
   } else {
     auto* v = static_cast<const keel_clipper_vtable*>(c.vtable);
     tag("bind_model_parts", v->bind_model_parts != nullptr, false);

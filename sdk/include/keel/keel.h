@@ -25,7 +25,8 @@
  *     a checkpoint of another format, e.g. Hugging Face's, through keel_import_source). 1.5:
  *     keel_host_api.report_metric_ratio (a metric that is a ratio of sums, e.g. a loss weighted
  *     by its tokens over microbatches and ranks). 1.6: KEEL_EXTENSION_MODEL_RECOMPUTE (a
- *     model recomputes activations in backward instead of keeping them; keel/recompute.hpp).
+ *     model recomputes activations in backward instead of keeping them; keel/recompute.hpp)
+ *     and KEEL_EXTENSION_MODEL_MEMORY (a model estimates the activations a forward keeps).
  *
  * Ownership and lifetime:
  *   - Every pointer handed across the boundary is borrowed for the duration of the call unless
@@ -548,10 +549,11 @@ typedef struct keel_extension {
 #define KEEL_MAX_EXTENSIONS 64
 
 enum {
-  KEEL_EXTENSION_MODEL_EXPORT = 1,   /* keel_model_export_extension, on a MODEL component     */
-  KEEL_EXTENSION_CONFIG_KEYS = 2,    /* keel_config_keys_extension, on any component (1.3)    */
-  KEEL_EXTENSION_MODEL_IMPORT = 3,   /* keel_model_import_extension, on a MODEL component (1.4) */
-  KEEL_EXTENSION_MODEL_RECOMPUTE = 4 /* keel_model_recompute_extension, on a MODEL component (1.6) */
+  KEEL_EXTENSION_MODEL_EXPORT = 1,    /* keel_model_export_extension, on a MODEL component     */
+  KEEL_EXTENSION_CONFIG_KEYS = 2,     /* keel_config_keys_extension, on any component (1.3)    */
+  KEEL_EXTENSION_MODEL_IMPORT = 3,    /* keel_model_import_extension, on a MODEL component (1.4) */
+  KEEL_EXTENSION_MODEL_RECOMPUTE = 4, /* keel_model_recompute_extension, on a MODEL component (1.6) */
+  KEEL_EXTENSION_MODEL_MEMORY = 5     /* keel_model_memory_extension, on a MODEL component (1.6)    */
 };
 
 /* Model export (the 1.1 vtable field export_state, as an extension). */
@@ -686,6 +688,20 @@ typedef struct keel_model_recompute_extension {
 } keel_model_recompute_extension;
 
 #define KEEL_MODEL_RECOMPUTE_EXTENSION_SIZE_1_6 KEEL_STRUCT_SIZE(keel_model_recompute_extension, set_recompute)
+
+/* The activation memory of a model's parts (1.6), for the host's memory plan (--dry-run): the
+ * host multiplies by the microbatches its schedule holds in flight on each stage. */
+typedef struct keel_model_memory_extension {
+  keel_extension base; /* type = KEEL_EXTENSION_MODEL_MEMORY                                */
+  /* Stores in *bytes an estimate of what one forward of the part `spec` describes keeps until
+   * its backward, for a [batch, seq] microbatch under recompute `mode` (NONE or a mode of the
+   * recompute extension): the tensors autograd saves and the part's output. Needs no part to
+   * be built; reads the model's config and mesh only. [setup][train-thread] */
+  keel_status (*activation_bytes)(keel_model* model, const keel_part_spec* spec, int64_t batch, int64_t seq,
+                                  int32_t mode, int64_t* bytes);
+} keel_model_memory_extension;
+
+#define KEEL_MODEL_MEMORY_EXTENSION_SIZE_1_6 KEEL_STRUCT_SIZE(keel_model_memory_extension, activation_bytes)
 
 /* ---------------------------------------------------------------- the descriptor */
 

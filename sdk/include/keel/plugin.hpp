@@ -121,6 +121,14 @@ struct ModelAdapter {
   static keel_status set_recompute(keel_model* m, int32_t mode) {
     return guard(holder(m).host.raw(), [&] { holder(m).object->set_recompute(static_cast<Recompute>(mode)); });
   }
+  static keel_status activation_bytes(keel_model* m, const keel_part_spec* spec, int64_t batch, int64_t seq,
+                                      int32_t mode, int64_t* bytes) {
+    return guard(holder(m).host.raw(), [&] {
+      if (spec == nullptr || bytes == nullptr || batch < 0 || seq < 0)
+        throw Error(KEEL_ERROR_INVALID_ARGUMENT, "activation_bytes: no spec or result, or a negative batch or seq");
+      *bytes = holder(m).object->activation_bytes(*spec, batch, seq, static_cast<Recompute>(mode));
+    });
+  }
   static keel_status import_config(keel_host* host, const char* format, const keel_import_source* source,
                                    const keel_config_sink* sink) {
     return guard(host, [&] {
@@ -299,6 +307,27 @@ const keel_extension* with_recompute(const keel_extension* next) {
   }
 }
 
+template <class M>
+constexpr bool has_activation_bytes = requires(const M& m, const keel_part_spec& spec) {
+  { m.activation_bytes(spec, int64_t{}, int64_t{}, Recompute::none) } -> std::convertible_to<int64_t>;
+};
+
+// The memory extension of M chained in front of `next` when M estimates its activations.
+template <class M>
+const keel_extension* with_memory(const keel_extension* next) {
+  if constexpr (has_activation_bytes<M>) {
+    static const keel_model_memory_extension memory_extension = [next] {
+      keel_model_memory_extension e{};
+      e.base = {sizeof(keel_model_memory_extension), KEEL_EXTENSION_MODEL_MEMORY, next};
+      e.activation_bytes = &ModelAdapter<M>::activation_bytes;
+      return e;
+    }();
+    return &memory_extension.base;
+  } else {
+    return next;
+  }
+}
+
 }  // namespace detail
 
 /// The MODEL component of class M. M provides:
@@ -315,8 +344,11 @@ const keel_extension* with_recompute(const keel_extension* next) {
 ///   static std::vector<keel::ConfigKey> config_keys();
 /// declaring every key it reads (keel/config_keys.hpp), and
 ///   void set_recompute(keel::Recompute);  with  static constexpr uint32_t recompute_modes = ...;
-/// (keel::recompute_bit(mode) | ...; the helper is keel/recompute.hpp). A hook M lacks is NULL in the vtable;
-/// export, import, recomputation and config keys are offered as extensions.
+/// (keel::recompute_bit(mode) | ...; the helper is keel/recompute.hpp), and
+///   int64_t activation_bytes(const keel_part_spec&, int64_t batch, int64_t seq, keel::Recompute) const;
+/// estimating what a part's forward keeps for backward (the dry run's memory plan). A hook M
+/// lacks is NULL in the vtable; export, import, recomputation, the activation estimate and
+/// config keys are offered as extensions.
 /// `hook_flags` declares capture-safe hooks (KEEL_HOOK_*_CAPTURE_SAFE). Every member function
 /// is called on the train thread.
 template <class M>
@@ -353,13 +385,13 @@ const keel_component* model_component(const char* name, const char* description,
     }();
     extensions = &export_extension.base;
   }
-  static const keel_component component{
-      sizeof(keel_component),
-      KEEL_COMPONENT_MODEL,
-      name,
-      description,
-      &vtable,
-      detail::with_config_keys<M>(detail::with_recompute<M>(detail::with_import<M>(extensions)))};
+  static const keel_component component{sizeof(keel_component),
+                                        KEEL_COMPONENT_MODEL,
+                                        name,
+                                        description,
+                                        &vtable,
+                                        detail::with_config_keys<M>(detail::with_memory<M>(
+                                            detail::with_recompute<M>(detail::with_import<M>(extensions))))};
   return &component;
 }
 
