@@ -142,6 +142,20 @@ void require_model(const keel_component& component, const std::string& where, co
                          component.kind == KEEL_COMPONENT_CLIPPER ? "clipper" : "component of unknown kind"));
 }
 
+// A model extension of type T, checked to be on a model and at least `needed` bytes (the
+// size of ABI `abi`), zero-extended and cut from its chain.
+template <class T>
+T read_model_extension(const keel_component& component, const keel_extension* e, const std::string& where,
+                       const char* what, size_t needed, const char* abi) {
+  require_model(component, where, what);
+  if (e->struct_size < needed)
+    throw InputError(cat(where, ": the model ", what, " extension is ", e->struct_size,
+                         " bytes, this host needs at least ", needed, " (ABI ", abi, ")"));
+  T out = copy_versioned<T>(e);
+  out.base.next = nullptr;
+  return out;
+}
+
 }  // namespace
 
 ComponentExtensions read_extensions(const std::string& path, const keel_component& component) {
@@ -166,35 +180,22 @@ ComponentExtensions read_extensions(const std::string& path, const keel_componen
       continue;
     }
     if (e->type == KEEL_EXTENSION_MODEL_IMPORT) {
-      require_model(component, where(index), "import");
-      if (e->struct_size < KEEL_MODEL_IMPORT_EXTENSION_SIZE_1_4)
-        throw InputError(cat(where(index), ": the model import extension is ", e->struct_size,
-                             " bytes, this host needs at least ", KEEL_MODEL_IMPORT_EXTENSION_SIZE_1_4, " (ABI 1.4)"));
-      out.model_import = copy_versioned<keel_model_import_extension>(e);
-      out.model_import.base.next = nullptr;
+      out.model_import = read_model_extension<keel_model_import_extension>(component, e, where(index), "import",
+                                                                           KEEL_MODEL_IMPORT_EXTENSION_SIZE_1_4, "1.4");
       if (out.model_import.import_config == nullptr || out.model_import.import_state == nullptr)
         throw InputError(cat(where(index), ": the model import extension lacks import_config or import_state"));
       continue;
     }
     if (e->type == KEEL_EXTENSION_MODEL_RECOMPUTE) {
-      require_model(component, where(index), "recompute");
-      if (e->struct_size < KEEL_MODEL_RECOMPUTE_EXTENSION_SIZE_1_6)
-        throw InputError(cat(where(index), ": the model recompute extension is ", e->struct_size,
-                             " bytes, this host needs at least ", KEEL_MODEL_RECOMPUTE_EXTENSION_SIZE_1_6,
-                             " (ABI 1.6)"));
-      out.model_recompute = copy_versioned<keel_model_recompute_extension>(e);
-      out.model_recompute.base.next = nullptr;
+      out.model_recompute = read_model_extension<keel_model_recompute_extension>(
+          component, e, where(index), "recompute", KEEL_MODEL_RECOMPUTE_EXTENSION_SIZE_1_6, "1.6");
       if (out.model_recompute.set_recompute == nullptr)
         throw InputError(cat(where(index), ": the model recompute extension has no set_recompute function"));
       continue;
     }
     if (e->type == KEEL_EXTENSION_MODEL_MEMORY) {
-      require_model(component, where(index), "memory");
-      if (e->struct_size < KEEL_MODEL_MEMORY_EXTENSION_SIZE_1_6)
-        throw InputError(cat(where(index), ": the model memory extension is ", e->struct_size,
-                             " bytes, this host needs at least ", KEEL_MODEL_MEMORY_EXTENSION_SIZE_1_6, " (ABI 1.6)"));
-      out.model_memory = copy_versioned<keel_model_memory_extension>(e);
-      out.model_memory.base.next = nullptr;
+      out.model_memory = read_model_extension<keel_model_memory_extension>(component, e, where(index), "memory",
+                                                                           KEEL_MODEL_MEMORY_EXTENSION_SIZE_1_6, "1.6");
       if (out.model_memory.activation_bytes == nullptr)
         throw InputError(cat(where(index), ": the model memory extension has no activation_bytes function"));
       continue;
@@ -203,12 +204,8 @@ ComponentExtensions read_extensions(const std::string& path, const keel_componen
       out.unknown.push_back(e->type);
       continue;
     }
-    require_model(component, where(index), "export");
-    if (e->struct_size < KEEL_MODEL_EXPORT_EXTENSION_SIZE_1_2)
-      throw InputError(cat(where(index), ": the model export extension is ", e->struct_size,
-                           " bytes, this host needs at least ", KEEL_MODEL_EXPORT_EXTENSION_SIZE_1_2, " (ABI 1.2)"));
-    out.model_export = copy_versioned<keel_model_export_extension>(e);
-    out.model_export.base.next = nullptr;
+    out.model_export = read_model_extension<keel_model_export_extension>(component, e, where(index), "export",
+                                                                         KEEL_MODEL_EXPORT_EXTENSION_SIZE_1_2, "1.2");
     if (out.model_export.export_state == nullptr)
       throw InputError(cat(where(index), ": the model export extension has no export_state function"));
   }
