@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <optional>
 #include <vector>
 
@@ -64,7 +65,15 @@ std::string describe_part(const ModelPart& part, const std::vector<int>& ranks) 
 struct ActivationPlan {
   int64_t per_microbatch = 0;
   int in_flight = 0;
-  int64_t total() const { return per_microbatch * in_flight; }
+  /// Saturates: the per-microbatch figure comes from a plugin, and a huge one must not wrap.
+  int64_t total() const { return saturating_add(0, per_microbatch, in_flight); }
+  /// `base + bytes * times`, or INT64_MAX where that overflows.
+  static int64_t saturating_add(int64_t base, int64_t bytes, int64_t times) {
+    int64_t product = 0, sum = 0;
+    if (__builtin_mul_overflow(bytes, times, &product) || __builtin_add_overflow(base, product, &sum))
+      return std::numeric_limits<int64_t>::max();
+    return sum;
+  }
 };
 
 keel_recompute_mode recompute_mode(const std::string& name) {
@@ -83,7 +92,7 @@ std::optional<ActivationPlan> plan_activations(Job& view) {
     const std::optional<int64_t> bytes =
         view.model().activation_bytes(part->spec(), batch, c.training.seq_len, recompute_mode(c.training.recompute));
     if (!bytes) return std::nullopt;
-    plan.per_microbatch += *bytes;
+    plan.per_microbatch = ActivationPlan::saturating_add(plan.per_microbatch, *bytes, 1);
     plan.in_flight = peak_in_flight(
         stage_actions(c.parallelism.schedule, part->spec().stage_index, mesh.pp, c.parallelism.microbatches));
   }
@@ -106,7 +115,8 @@ void print_fit(const JobConfig& config, const std::vector<StateBytes>& state,
   std::vector<size_t> over;
   int64_t largest = 0;
   for (size_t rank = 0; rank < state.size(); ++rank) {
-    const int64_t total = state[rank].total() + (activations ? (*activations)[rank].total() : 0);
+    const int64_t total =
+        ActivationPlan::saturating_add(state[rank].total(), activations ? (*activations)[rank].total() : 0, 1);
     largest = std::max(largest, total);
     if (static_cast<double>(total) > limit) over.push_back(rank);
   }

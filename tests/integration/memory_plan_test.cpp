@@ -143,6 +143,20 @@ TEST(MemoryPlan, ActivationsArePlannedPerStageForTheMicrobatchesItsScheduleHolds
   EXPECT_LT(number_after(gpipe_lines[0], ": "), first / 2) << gpipe.output;
 }
 
+TEST(MemoryPlan, AnEstimatePastInt64SaturatesIntoAWarningInsteadOfWrapping) {
+  test::TempDir dir;
+  // 4M samples of 16M tokens per microbatch: the [b, h, s, s] scores alone pass 2^63 bytes.
+  auto plan = dry_run(dir,
+                      " --set training.seq_len=16777216 --set training.global_batch=16777216"
+                      " --set training.device_memory_gb=80");
+  ASSERT_EQ(plan.status, 0) << plan.output;
+  const std::vector<std::string> stages = activation_lines(plan.output);
+  ASSERT_EQ(stages.size(), 2u) << plan.output;
+  for (const std::string& line : stages) EXPECT_EQ(number_after(line, ": "), INT64_MAX) << line;
+  EXPECT_NE(plan.output.find("WARNING: 4 rank(s) will not fit in 80.0 GiB per device"), std::string::npos)
+      << plan.output;
+}
+
 TEST(MemoryPlan, AModelWithoutAnEstimatePlansItsStateAlone) {
   test::TempDir dir;
   test::write_file(dir / "llama.toml", test::tiny_job("plugin = \"llama3\"\nflavor = \"tiny\"\n"));
