@@ -89,8 +89,13 @@ std::optional<ActivationPlan> plan_activations(Job& view) {
   const int64_t batch = c.training.global_batch / (mesh.dp * c.parallelism.microbatches);
   ActivationPlan plan;
   for (ModelPart* part : view.parts()) {
+    // The part as it will train: on the configured device, not the dry run's meta device (a
+    // model's kernels, and so what they keep, may differ by device).
+    keel_part_spec spec = part->spec();
+    spec.device_type = c.training.device == "cuda" ? KEEL_DEVICE_CUDA : KEEL_DEVICE_CPU;
+    spec.device_index = 0;
     const std::optional<int64_t> bytes =
-        view.model().activation_bytes(part->spec(), batch, c.training.seq_len, recompute_mode(c.training.recompute));
+        view.model().activation_bytes(spec, batch, c.training.seq_len, recompute_mode(c.training.recompute));
     if (!bytes) return std::nullopt;
     plan.per_microbatch = ActivationPlan::saturating_add(plan.per_microbatch, *bytes, 1);
     plan.in_flight = peak_in_flight(

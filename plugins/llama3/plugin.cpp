@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "llama3_activations.hpp"
 #include "llama3_args.hpp"
 #include "llama3_export_hf.hpp"
 #include "llama3_import_hf.hpp"
@@ -35,6 +36,9 @@ class Llama3 {
     return info;
   }
   void set_recompute(keel::Recompute mode) { args_.recompute = mode; }
+  int64_t activation_bytes(const keel_part_spec& spec, int64_t batch, int64_t seq, keel::Recompute mode) const {
+    return llama3::activation_bytes(args_, spec, batch, seq, mode);
+  }
   keel::Part& build_part(const keel_part_spec& spec) {
     parts_.push_back(std::make_unique<llama3::Part>(host_.raw(), args_, spec));
     if (at::Tensor* embedding = parts_.back()->tok_embeddings()) embeddings_.hold(*embedding);

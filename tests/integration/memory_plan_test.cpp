@@ -159,11 +159,15 @@ TEST(MemoryPlan, AnEstimatePastInt64SaturatesIntoAWarningInsteadOfWrapping) {
 
 TEST(MemoryPlan, AModelWithoutAnEstimatePlansItsStateAlone) {
   test::TempDir dir;
-  test::write_file(dir / "llama.toml", test::tiny_job("plugin = \"llama3\"\nflavor = \"tiny\"\n"));
-  auto plan = test::run_command(test::bin_dir() + "/keel-train --dry-run --plugin-path " + test::plugin_dir() +
-                                " --config " + (dir / "llama.toml") + " --set training.device_memory_gb=80");
+  // The ABI 1.6 test model offers no activation estimate.
+  test::write_file(dir / "job.toml",
+                   "[model]\nplugin = \"versioned_1_6\"\ncomponent = \"model\"\n[clipper]\nplugin = "
+                   "\"versioned_1_6\"\ncomponent = \"clipper\"\n[training]\nseq_len = 8\nglobal_batch = 2\n");
+  auto plan = test::run_command(test::bin_dir() + "/keel-train --dry-run --plugin-path " + test::test_plugin_dir() +
+                                " --plugin-path " + test::plugin_dir() + " --config " + (dir / "job.toml") +
+                                " --set training.device_memory_gb=80");
   ASSERT_EQ(plan.status, 0) << plan.output;
-  EXPECT_NE(plan.output.find("activation estimate: none, llama3 offers no KEEL_EXTENSION_MODEL_MEMORY (SDK 1.6)"),
+  EXPECT_NE(plan.output.find("activation estimate: none, model offers no KEEL_EXTENSION_MODEL_MEMORY (SDK 1.6)"),
             std::string::npos)
       << plan.output;
   EXPECT_NE(plan.output.find("every rank fits in 80.0 GiB per device (training.device_memory_gb), before "

@@ -2,8 +2,6 @@
 // model-table validation, the expert-bias update, and the dry-run figures of 671b and 16b.
 #include <gtest/gtest.h>
 
-#include <ATen/Parallel.h>
-#include <c10/util/ThreadLocalDebugInfo.h>
 #include <keel/init.hpp>
 
 #include <algorithm>
@@ -12,6 +10,7 @@
 
 #include "common/error.hpp"
 #include "config/config_tree.hpp"
+#include "kept_bytes.hpp"
 #include "mesh/mesh.hpp"
 #include "metrics/step_metrics.hpp"
 #include "model_fixture.hpp"
@@ -169,61 +168,15 @@ TEST_F(DeepSeekModel, PostStepMovesTheBiasTowardsUnderloadedExperts) {
   EXPECT_EQ(load->sum().item<float>(), 0.f);          // counts restart each step
 }
 
-// The CPU allocator's reports while it is installed: the bytes allocated since, net of those
-// freed (a block allocated before is not reported when freed).
-class AllocationCounter : public c10::MemoryReportingInfoBase {
- public:
-  bool memoryProfilingEnabled() const override { return true; }
-  void reportMemoryUsage(void*, int64_t bytes, size_t, size_t, c10::Device) override { live += bytes; }
-  int64_t live = 0;
-};
-
-// What one forward of `part` keeps until backward, measured: the bytes it allocated that are
-// still alive once it has returned (its output held). A first forward fills the part's caches.
-int64_t measured_kept_bytes(ModelPart& part, int64_t batch, int64_t seq) {
-  at::manual_seed(3);
-  const at::Tensor tokens = at::randint(256, {batch, seq}, at::kLong);
-  const at::Tensor labels = at::randint(256, {batch, seq}, at::kLong);
-  const at::Tensor input = part.spec().stage_index > 0 ? at::randn({batch, seq, 64}).requires_grad_() : at::Tensor();
-  const at::Tensor* activation = input.defined() ? &input : nullptr;
-  (void)part.forward(tokens, labels, activation, 0, 1);
-  auto counter = std::make_shared<AllocationCounter>();
-  at::Tensor out;
-  {
-    c10::DebugInfoGuard guard(c10::DebugInfoKind::PROFILER_STATE, counter);
-    out = part.forward(tokens, labels, activation, 0, 1);
-  }
-  return counter->live;
-}
-
 TEST_F(DeepSeekModel, TheActivationEstimateIsWithinAQuarterOfWhatAForwardKeeps) {
-  // One thread: every allocation is made, and reported, on this one.
-  const int threads = at::get_num_threads();
-  at::set_num_threads(1);
-  struct Case {
-    const char* mode;
-    keel_recompute_mode abi;
-  };
-  for (const Case& c : {Case{"none", KEEL_RECOMPUTE_NONE}, Case{"full", KEEL_RECOMPUTE_FULL},
-                        Case{"selective", KEEL_RECOMPUTE_SELECTIVE}})
-    for (int stages : {1, 2}) {
-      auto model = make("flavor = \"tiny\"\n");
-      if (std::string(c.mode) != "none") model->set_recompute(c.mode, "training.recompute");
-      // One stage of layers 0-2 with the head and MTP; or layers 0-1, then layer 2 and the head.
-      std::vector<keel_part_spec> specs =
-          stages == 1 ? std::vector{spec(0, 1, 0, 3)} : std::vector{spec(0, 2, 0, 2), spec(1, 2, 2, 1)};
-      for (const keel_part_spec& s : specs) {
-        ModelPart& part = model->build_part(s);
-        part.init_weights(1);
-        const int64_t batch = 2, seq = 48;
-        const double measured = static_cast<double>(measured_kept_bytes(part, batch, seq));
-        const double estimate = static_cast<double>(model->activation_bytes(s, batch, seq, c.abi).value_or(-1));
-        std::printf("ACTIVATIONS | tiny %s stage %d/%d | estimate %.0f B, measured %.0f B, ratio %.3f\n", c.mode,
-                    s.stage_index, s.num_stages, estimate, measured, estimate / measured);
-        EXPECT_NEAR(estimate / measured, 1.0, 0.25) << c.mode << " stage " << s.stage_index << "/" << s.num_stages;
-      }
-    }
-  at::set_num_threads(threads);
+  // One stage of layers 0-2 with the head and MTP; or layers 0-1, then layer 2 and the head.
+  for (const test::KeptBytes& k : test::estimates_against_kept_bytes(
+           [this] { return make("flavor = \"tiny\"\n"); }, {{spec(0, 1, 0, 3)}, {spec(0, 2, 0, 2), spec(1, 2, 2, 1)}},
+           /*batch=*/2, /*seq=*/48, 256, 64)) {
+    std::printf("ACTIVATIONS | tiny %s stage %d/%d | estimate %.0f B, measured %.0f B, ratio %.3f\n", k.mode.c_str(),
+                k.spec.stage_index, k.spec.num_stages, k.estimate, k.measured, k.estimate / k.measured);
+    EXPECT_NEAR(k.estimate / k.measured, 1.0, 0.25) << k.mode << " stage " << k.spec.stage_index;
+  }
 }
 
 std::map<std::string, ParamCount> dry_run(const std::string& flavor) {

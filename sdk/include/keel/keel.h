@@ -695,8 +695,8 @@ typedef struct keel_model_memory_extension {
   keel_extension base; /* type = KEEL_EXTENSION_MODEL_MEMORY                                */
   /* Stores in *bytes an estimate of what one forward of the part `spec` describes keeps until
    * its backward, for a [batch, seq] microbatch under recompute `mode` (NONE or a mode of the
-   * recompute extension): the tensors autograd saves and the part's output. Needs no part to
-   * be built; reads the model's config and mesh only. [setup][train-thread] */
+   * recompute extension): the tensors autograd saves and the part's output. Needs no part built;
+   * reads the model's config and mesh only; spec's device is the training one, never META. [setup][train-thread] */
   keel_status (*activation_bytes)(keel_model* model, const keel_part_spec* spec, int64_t batch, int64_t seq,
                                   int32_t mode, int64_t* bytes);
 } keel_model_memory_extension;
