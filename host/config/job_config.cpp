@@ -19,6 +19,7 @@ int64_t at_least(const ConfigSection& s, const std::string& key, int64_t fallbac
 // timeouts inside a millisecond count of int32.
 constexpr int64_t kMaxRanksPerDim = int64_t{1} << 16;
 constexpr int64_t kMaxMicrobatches = int64_t{1} << 20;
+constexpr int64_t kMaxStagesPerRank = 1024;
 constexpr int64_t kMaxTimeoutSeconds = 7 * 24 * 3600;
 constexpr int64_t kMaxBucketMb = int64_t{1} << 20;
 constexpr int64_t kMaxSteps = int64_t{1} << 40;
@@ -101,8 +102,21 @@ JobConfig read_job_config(ConfigTree& tree, int world_size, bool cuda_available)
   c.parallelism.pp = par.integer_as<int>("pp", 1, 1, kMaxRanksPerDim);
   c.parallelism.dp = par.integer_as<int>("dp", 1, 1, kMaxRanksPerDim);
   c.parallelism.ep = par.integer_as<int>("ep", 1, 1, kMaxRanksPerDim);
-  c.parallelism.schedule = par.choice("schedule", "1f1b", {"1f1b", "gpipe"});
+  c.parallelism.schedule = par.choice("schedule", "1f1b", {"1f1b", "gpipe", "interleaved_1f1b"});
   c.parallelism.microbatches = par.integer_as<int>("microbatches", 1, 1, kMaxMicrobatches);
+  c.parallelism.stages_per_rank = par.integer_as<int>("stages_per_rank", 1, 1, kMaxStagesPerRank);
+  if (c.parallelism.schedule == "interleaved_1f1b") {
+    if (c.parallelism.stages_per_rank < 2)
+      par.invalid("stages_per_rank",
+                  cat("interleaved_1f1b holds 2 or more stages per rank, got ", c.parallelism.stages_per_rank));
+    if (c.parallelism.pp < 2) par.invalid("pp", cat("interleaved_1f1b needs pp >= 2, got ", c.parallelism.pp));
+    if (c.parallelism.microbatches % c.parallelism.pp != 0)
+      par.invalid("microbatches", cat("interleaved_1f1b needs a multiple of pp = ", c.parallelism.pp, ", got ",
+                                      c.parallelism.microbatches));
+  } else if (c.parallelism.stages_per_rank != 1) {
+    par.invalid("stages_per_rank", cat("only schedule = \"interleaved_1f1b\" holds several stages per rank; \"",
+                                       c.parallelism.schedule, "\" holds 1, got ", c.parallelism.stages_per_rank));
+  }
   c.parallelism.timeout_s = par.integer_as<int>("timeout_s", 300, 1, kMaxTimeoutSeconds);
   c.parallelism.grad_bucket_mb = par.integer("grad_bucket_mb", 25, 0, kMaxBucketMb);
   c.parallelism.overlap_grad_reduce = par.boolean("overlap_grad_reduce", true);
@@ -111,10 +125,14 @@ JobConfig read_job_config(ConfigTree& tree, int world_size, bool cuda_available)
   for (int64_t layers : c.parallelism.layers_per_stage)
     if (layers < 0 || layers > kMaxLayersPerStage)
       par.invalid("layers_per_stage", cat("each count must be in [0, ", kMaxLayersPerStage, "], got ", layers));
+  const int64_t virtual_stages = int64_t{c.parallelism.pp} * c.parallelism.stages_per_rank;
   if (!c.parallelism.layers_per_stage.empty() &&
-      c.parallelism.layers_per_stage.size() != static_cast<size_t>(c.parallelism.pp))
+      c.parallelism.layers_per_stage.size() != static_cast<size_t>(virtual_stages))
     par.invalid("layers_per_stage",
-                cat("lists ", c.parallelism.layers_per_stage.size(), " stage(s), but pp = ", c.parallelism.pp));
+                c.parallelism.stages_per_rank == 1
+                    ? cat("lists ", c.parallelism.layers_per_stage.size(), " stage(s), but pp = ", c.parallelism.pp)
+                    : cat("lists ", c.parallelism.layers_per_stage.size(),
+                          " stage(s), but pp x stages_per_rank = ", virtual_stages));
   const int64_t layout_ranks = int64_t{c.parallelism.pp} * c.parallelism.dp;
   if (world_size > 0 && layout_ranks != world_size)
     par.invalid(c.parallelism.dp != 1 || !par.has("pp") ? "dp" : "pp",

@@ -26,6 +26,7 @@ struct ParallelismSection {
   int pp = 1, dp = 1, ep = 1;
   std::string schedule = "1f1b";
   int microbatches = 1;
+  int stages_per_rank = 1;                ///< model chunks per pipeline rank (interleaved_1f1b: 2 or more)
   int timeout_s = 300;                    ///< collectives and the rendezvous give up after this
   std::vector<int64_t> layers_per_stage;  ///< explicit stage split; empty = balanced by layer count
   int64_t grad_bucket_mb = 25;            ///< data-parallel gradient all-reduce bucket size (0: per parameter)

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <deque>
+#include <limits>
 #include <memory>
 #include <stdexcept>
 #include <utility>
@@ -19,25 +20,33 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
-// Activations and their gradients travel on distinct tags per microbatch.
-int activation_tag(int microbatch) { return 2 * microbatch; }
-int gradient_tag(int microbatch) { return 2 * microbatch + 1; }
+// Activations and their gradients travel on distinct tags per microbatch and per boundary
+// between virtual stages (`from` and from + 1).
+int activation_tag(int from, int microbatch, int microbatches) { return 2 * (from * microbatches + microbatch); }
+int gradient_tag(int from, int microbatch, int microbatches) { return 2 * (from * microbatches + microbatch) + 1; }
 
 }  // namespace
 
-PipelineRunner::PipelineRunner(ModelPart& part, Group& pp, const std::string& schedule, int microbatches,
+PipelineRunner::PipelineRunner(std::vector<ModelPart*> parts, Group& pp, const std::string& schedule, int microbatches,
                                int64_t hidden_size, at::ScalarType compute_dtype, at::Device device)
-    : part_(part),
+    : parts_(std::move(parts)),
       pp_(pp),
       hidden_size_(hidden_size),
       activation_options_(at::TensorOptions().dtype(at::kFloat).device(device)),
       compute_dtype_(compute_dtype),
       device_(device),
-      stage_(part.spec().stage_index),
-      stages_(part.spec().num_stages) {
-  if (pp.size() != stages_)
-    throw std::invalid_argument(cat("pipeline: the pp group has ", pp.size(), " ranks for ", stages_, " stages"));
-  actions_ = stage_actions(schedule, stage_, stages_, microbatches);
+      stage_(parts_.empty() ? 0 : parts_.front()->spec().stage_index),
+      virtual_stages_(parts_.empty() ? 0 : parts_.front()->spec().num_stages) {
+  const int chunks = static_cast<int>(parts_.size());
+  if (chunks == 0 || pp.size() * chunks != virtual_stages_)
+    throw std::invalid_argument(cat("pipeline: the pp group has ", pp.size(), " ranks and this rank ", chunks,
+                                    " chunk(s) for ", virtual_stages_, " stages"));
+  for (int k = 0; k < chunks; ++k)
+    if (parts_[static_cast<size_t>(k)]->spec().stage_index != virtual_stage(k))
+      throw std::invalid_argument(cat("pipeline: chunk ", k, " of pp rank ", stage_, " is stage ",
+                                      parts_[static_cast<size_t>(k)]->spec().stage_index, ", expected ",
+                                      virtual_stage(k)));
+  actions_ = stage_actions(schedule, stage_, pp.size(), microbatches, chunks);
   for (size_t i = 0; i < actions_.size(); ++i)
     if (actions_[i].kind != PipelineAction::forward) last_backward_ = i;
 }
@@ -49,11 +58,11 @@ at::Tensor PipelineRunner::receive(const std::vector<int64_t>& shape, int peer, 
   return buffer;
 }
 
-at::Tensor PipelineRunner::outgoing(at::Tensor output, const std::vector<int64_t>& shape) const {
+at::Tensor PipelineRunner::outgoing(at::Tensor output, const std::vector<int64_t>& shape, int virtual_stage) const {
   // The stream between stages is fp32 whatever a part computes in (a differentiable cast).
   if (output.is_floating_point() && output.scalar_type() != at::kFloat) output = output.to(at::kFloat);
   if (output.sizes() != at::IntArrayRef(shape) || output.scalar_type() != activation_options_.dtype())
-    throw std::runtime_error(cat("pipeline: stage ", stage_, " produced an activation of shape ", output.sizes(),
+    throw std::runtime_error(cat("pipeline: stage ", virtual_stage, " produced an activation of shape ", output.sizes(),
                                  " and dtype ", output.scalar_type(), "; the next stage expects ",
                                  at::IntArrayRef(shape), " of ", activation_options_.dtype(),
                                  " (batch, seq, the model's hidden_size)"));
@@ -63,12 +72,12 @@ at::Tensor PipelineRunner::outgoing(at::Tensor output, const std::vector<int64_t
 at::Tensor PipelineRunner::run(const std::vector<at::Tensor>& tokens, const std::vector<at::Tensor>& labels,
                                double loss_divisor) {
   const auto microbatches = static_cast<int>(tokens.size());
-  const bool first = stage_ == 0, last = stage_ == stages_ - 1;
   struct InFlight {
     at::Tensor input;   ///< the received activation (requires grad), non-first stages
     at::Tensor output;  ///< the activation sent on, or the loss sum on the last stage
   };
-  std::vector<InFlight> flight(static_cast<size_t>(microbatches));
+  // One slot per (chunk, microbatch).
+  std::vector<InFlight> flight(parts_.size() * static_cast<size_t>(microbatches));
   std::vector<std::unique_ptr<Work>> sends;
   at::Tensor loss_total = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
   timing_ = {};
@@ -76,29 +85,33 @@ at::Tensor PipelineRunner::run(const std::vector<at::Tensor>& tokens, const std:
 
   for (size_t index = 0; index < actions_.size(); ++index) {
     const PipelineAction& action = actions_[index];
-    const int mb = action.microbatch;
+    const int mb = action.microbatch, chunk = action.chunk;
     if (mb >= microbatches) throw std::logic_error("pipeline: schedule and batch disagree on microbatches");
-    InFlight& f = flight[static_cast<size_t>(mb)];
+    const int stage = virtual_stage(chunk);
+    const bool first = stage == 0, last = stage == virtual_stages_ - 1;
+    InFlight& f = flight[static_cast<size_t>(chunk) * static_cast<size_t>(microbatches) + static_cast<size_t>(mb)];
     const std::vector<int64_t> shape = {tokens[static_cast<size_t>(mb)].size(0),
                                         tokens[static_cast<size_t>(mb)].size(1), hidden_size_};
     if (action.kind == PipelineAction::forward) {
-      if (!first) f.input = receive(shape, stage_ - 1, activation_tag(mb)).requires_grad_(true);
+      if (!first)
+        f.input = receive(shape, neighbour(chunk, pp_.size() - 1), activation_tag(stage - 1, mb, microbatches))
+                      .requires_grad_(true);
       at::Tensor t = tokens[static_cast<size_t>(mb)].to(device_), l = labels[static_cast<size_t>(mb)].to(device_);
       const Clock::time_point busy = Clock::now();
       {
         AutocastScope autocast(device_, compute_dtype_);
-        f.output = part_.forward(t, l, first ? nullptr : &f.input, mb, microbatches);
+        f.output = parts_[static_cast<size_t>(chunk)]->forward(t, l, first ? nullptr : &f.input, mb, microbatches);
       }
       timing_.busy_seconds += seconds_since(busy);
       if (last) {
         loss_total.add_(f.output.detach());
         continue;
       }
-      f.output = outgoing(f.output, shape);
-      sends.push_back(pp_.isend(f.output.detach(), stage_ + 1, activation_tag(mb)));
+      f.output = outgoing(f.output, shape, stage);
+      sends.push_back(pp_.isend(f.output.detach(), neighbour(chunk, 1), activation_tag(stage, mb, microbatches)));
     } else {
       at::Tensor grad;
-      if (!last) grad = receive(shape, stage_ + 1, gradient_tag(mb));
+      if (!last) grad = receive(shape, neighbour(chunk, 1), gradient_tag(stage, mb, microbatches));
       if (index == last_backward_ && before_last_backward_) before_last_backward_();
       const Clock::time_point busy = Clock::now();
       if (last)
@@ -109,7 +122,8 @@ at::Tensor PipelineRunner::run(const std::vector<at::Tensor>& tokens, const std:
       if (!first) {
         at::Tensor input_grad = f.input.grad();
         if (!input_grad.defined()) input_grad = at::zeros(shape, activation_options_);
-        sends.push_back(pp_.isend(input_grad, stage_ - 1, gradient_tag(mb)));
+        sends.push_back(
+            pp_.isend(input_grad, neighbour(chunk, pp_.size() - 1), gradient_tag(stage - 1, mb, microbatches)));
       }
       f = InFlight{};  // the microbatch's graph and activations are freed here
     }
@@ -123,34 +137,41 @@ at::Tensor PipelineRunner::run(const std::vector<at::Tensor>& tokens, const std:
 at::Tensor PipelineRunner::evaluate(const std::vector<at::Tensor>& tokens, const std::vector<at::Tensor>& labels) {
   c10::NoGradGuard no_grad;
   const auto microbatches = static_cast<int>(tokens.size());
-  const bool first = stage_ == 0, last = stage_ == stages_ - 1;
   at::Tensor loss_total = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
-  // Sends complete in order (the next stage receives in microbatch order); waiting for the one
-  // before last bounds the activations alive to two whatever the number of microbatches.
+  // Each microbatch through this rank's chunks in order. With one chunk, sends complete in
+  // order (the next stage receives in microbatch order), and waiting for the one before last
+  // bounds the activations alive to two whatever the number of microbatches. With several,
+  // sends to two peers interleave, and a wait could close a cycle: they are all waited for at
+  // the end (one activation per chunk and microbatch, no autograd graph).
+  const size_t bound = parts_.size() == 1 ? 2 : std::numeric_limits<size_t>::max();
   std::deque<std::pair<std::unique_ptr<Work>, at::Tensor>> sends;
-  for (int mb = 0; mb < microbatches; ++mb) {
-    const at::Tensor& mb_tokens = tokens[static_cast<size_t>(mb)];
-    const std::vector<int64_t> shape = {mb_tokens.size(0), mb_tokens.size(1), hidden_size_};
-    at::Tensor input;
-    if (!first) input = receive(shape, stage_ - 1, activation_tag(mb));
-    at::Tensor output;
-    {
-      AutocastScope autocast(device_, compute_dtype_);
-      output = part_.forward(mb_tokens.to(device_), labels[static_cast<size_t>(mb)].to(device_),
-                             first ? nullptr : &input, mb, microbatches);
+  for (int mb = 0; mb < microbatches; ++mb)
+    for (int chunk = 0; chunk < static_cast<int>(parts_.size()); ++chunk) {
+      const int stage = virtual_stage(chunk);
+      const bool first = stage == 0, last = stage == virtual_stages_ - 1;
+      const at::Tensor& mb_tokens = tokens[static_cast<size_t>(mb)];
+      const std::vector<int64_t> shape = {mb_tokens.size(0), mb_tokens.size(1), hidden_size_};
+      at::Tensor input;
+      if (!first) input = receive(shape, neighbour(chunk, pp_.size() - 1), activation_tag(stage - 1, mb, microbatches));
+      at::Tensor output;
+      {
+        AutocastScope autocast(device_, compute_dtype_);
+        output = parts_[static_cast<size_t>(chunk)]->forward(mb_tokens.to(device_),
+                                                             labels[static_cast<size_t>(mb)].to(device_),
+                                                             first ? nullptr : &input, mb, microbatches);
+      }
+      if (last) {
+        loss_total.add_(output);
+        continue;
+      }
+      if (sends.size() == bound) {
+        if (sends.front().first) sends.front().first->wait();
+        sends.pop_front();
+      }
+      output = outgoing(output, shape, stage);
+      std::unique_ptr<Work> work = pp_.isend(output, neighbour(chunk, 1), activation_tag(stage, mb, microbatches));
+      sends.emplace_back(std::move(work), output);
     }
-    if (last) {
-      loss_total.add_(output);
-      continue;
-    }
-    if (sends.size() == 2) {
-      if (sends.front().first) sends.front().first->wait();
-      sends.pop_front();
-    }
-    output = outgoing(output, shape);
-    std::unique_ptr<Work> work = pp_.isend(output, stage_ + 1, activation_tag(mb));
-    sends.emplace_back(std::move(work), output);
-  }
   for (auto& [work, kept] : sends)
     if (work) work->wait();
   return loss_total;

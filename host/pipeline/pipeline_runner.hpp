@@ -1,7 +1,9 @@
-// Runs one step's forward and backward passes on this rank's pipeline stage in the order of a
-// schedule (pipeline/schedule.hpp). Activations go to the next stage and their gradients back
-// over the pp group: sends are asynchronous (waited for at the end of the step), receives
-// block, so any valid schedule is free of deadlock.
+// Runs one step's forward and backward passes on this rank's pipeline stage — its model chunks,
+// one per virtual stage under interleaving — in the order of a schedule (pipeline/schedule.hpp).
+// Activations go to the next virtual stage and their gradients back over the pp group (chunk k
+// of rank r is virtual stage r + k pp: the next is on rank r + 1, or on rank 0 one chunk on):
+// sends are asynchronous (waited for at the end of the step), receives block, so any valid
+// schedule is free of deadlock.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -24,12 +26,12 @@ struct ScheduleTiming {
 
 class PipelineRunner {
  public:
-  /// `part` is this rank's stage; activations between stages are [batch, seq, hidden_size] fp32
-  /// on `device` (the residual stream, whatever the compute dtype); forward passes run under
-  /// autocast to `compute_dtype` unless it is fp32. Throws std::invalid_argument on an unknown
-  /// schedule.
-  PipelineRunner(ModelPart& part, Group& pp, const std::string& schedule, int microbatches, int64_t hidden_size,
-                 at::ScalarType compute_dtype, at::Device device);
+  /// `parts` are this rank's chunks in virtual-stage order; activations between stages are
+  /// [batch, seq, hidden_size] fp32 on `device` (the residual stream, whatever the compute
+  /// dtype); forward passes run under autocast to `compute_dtype` unless it is fp32. Throws
+  /// std::invalid_argument on an unknown schedule or parts that do not fit it.
+  PipelineRunner(std::vector<ModelPart*> parts, Group& pp, const std::string& schedule, int microbatches,
+                 int64_t hidden_size, at::ScalarType compute_dtype, at::Device device);
 
   /// Runs forward and backward of every microbatch (`tokens` / `labels`: one [batch, seq] CPU
   /// tensor each per microbatch). The last stage divides each microbatch's loss sum by
@@ -42,23 +44,29 @@ class PipelineRunner {
   /// fp32 device tensor, zero on other stages. [collective: pp]
   at::Tensor evaluate(const std::vector<at::Tensor>& tokens, const std::vector<at::Tensor>& labels);
   /// `hook` runs on every run() just before this rank's last backward pass of the step (where
-  /// the gradients of its part become final: the overlapped gradient reduction arms there).
+  /// the gradients of its first chunk become final: the overlapped gradient reduction arms
+  /// there; with several chunks the others' gradients were final before, and their buckets
+  /// start once the backward is over).
   void set_before_last_backward(std::function<void()> hook) { before_last_backward_ = std::move(hook); }
   /// The timing of the last run().
   const ScheduleTiming& timing() const { return timing_; }
 
  private:
   at::Tensor receive(const std::vector<int64_t>& shape, int peer, int tag);
-  at::Tensor outgoing(at::Tensor output, const std::vector<int64_t>& shape) const;
+  at::Tensor outgoing(at::Tensor output, const std::vector<int64_t>& shape, int virtual_stage) const;
+  int virtual_stage(int chunk) const { return stage_ + chunk * pp_.size(); }
+  // The pp rank of the virtual stage after (+1) or before (-1) chunk `chunk`'s.
+  int neighbour(int chunk, int step) const { return (virtual_stage(chunk) + step) % pp_.size(); }
 
-  ModelPart& part_;
+  std::vector<ModelPart*> parts_;
   Group& pp_;
   std::vector<PipelineAction> actions_;
   int64_t hidden_size_;
   at::TensorOptions activation_options_;
   at::ScalarType compute_dtype_;
   at::Device device_;
-  int stage_, stages_;
+  int stage_;           ///< this rank's pp index
+  int virtual_stages_;  ///< pp x chunks
   ScheduleTiming timing_;
   std::function<void()> before_last_backward_;
   size_t last_backward_ = 0;  ///< index of this rank's last backward action

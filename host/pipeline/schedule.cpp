@@ -1,16 +1,51 @@
 #include "pipeline/schedule.hpp"
 
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 #include <stdexcept>
 
 #include "common/text.hpp"
 
 namespace keel {
 
-std::vector<PipelineAction> stage_actions(const std::string& schedule, int stage, int stages, int microbatches) {
-  if (stages < 1 || microbatches < 1 || stage < 0 || stage >= stages)
-    throw std::invalid_argument(
-        cat("pipeline: stage ", stage, " of ", stages, " with ", microbatches, " microbatches is impossible"));
+namespace {
+
+// Megatron-LM's interleaved 1F1B (forward_backward_pipelining_with_interleaving): virtual
+// microbatch k of the forward order passes microbatch (k / (p v)) p + k % p through chunk
+// (k / p) % v; the backward order the same microbatches through the chunks in reverse.
+std::vector<PipelineAction> interleaved(int stage, int stages, int microbatches, int chunks) {
+  if (chunks < 2)
+    throw std::invalid_argument(cat("pipeline: interleaved_1f1b needs 2 or more chunks per rank, got ", chunks));
+  if (microbatches % stages != 0)
+    throw std::invalid_argument(cat("pipeline: interleaved_1f1b needs microbatches to be a multiple of the ", stages,
+                                    " pipeline ranks, got ", microbatches));
+  const int total = microbatches * chunks, group = stages * chunks;
+  auto pass = [&](PipelineAction::Kind kind, int k) {
+    const int chunk = (k % group) / stages;
+    return PipelineAction{kind, (k / group) * stages + k % stages,
+                          kind == PipelineAction::forward ? chunk : chunks - 1 - chunk};
+  };
+  const int warmup = microbatches == stages ? total : std::min((stages - stage - 1) * 2 + (chunks - 1) * stages, total);
+  std::vector<PipelineAction> out;
+  for (int k = 0; k < warmup; ++k) out.push_back(pass(PipelineAction::forward, k));
+  for (int i = 0; i < total - warmup; ++i) {
+    out.push_back(pass(PipelineAction::forward, warmup + i));
+    out.push_back(pass(PipelineAction::backward, i));
+  }
+  for (int k = total - warmup; k < total; ++k) out.push_back(pass(PipelineAction::backward, k));
+  return out;
+}
+
+}  // namespace
+
+std::vector<PipelineAction> stage_actions(const std::string& schedule, int stage, int stages, int microbatches,
+                                          int chunks) {
+  if (stages < 1 || microbatches < 1 || stage < 0 || stage >= stages || chunks < 1)
+    throw std::invalid_argument(cat("pipeline: stage ", stage, " of ", stages, " with ", microbatches,
+                                    " microbatches and ", chunks, " chunk(s) is impossible"));
+  if (schedule == "interleaved_1f1b") return interleaved(stage, stages, microbatches, chunks);
+  if (chunks != 1) throw std::invalid_argument(cat("pipeline: ", schedule, " runs one chunk per rank, got ", chunks));
   std::vector<PipelineAction> out;
   auto forward = [&](int mb) { out.push_back({PipelineAction::forward, mb}); };
   auto backward = [&](int mb) { out.push_back({PipelineAction::backward, mb}); };
@@ -39,8 +74,64 @@ int peak_in_flight(const std::vector<PipelineAction>& actions) {
   return peak;
 }
 
-double ideal_bubble_fraction(int stages, int microbatches) {
-  return static_cast<double>(stages - 1) / static_cast<double>(microbatches + stages - 1);
+int64_t peak_held_bytes(const std::vector<PipelineAction>& actions, const std::vector<int64_t>& bytes_per_chunk) {
+  // Counted in wide integers: the figures come from a plugin, and a huge one must not wrap.
+  __int128 held = 0, peak = 0;
+  for (const PipelineAction& a : actions) {
+    const __int128 bytes = bytes_per_chunk.at(static_cast<size_t>(a.chunk));
+    held += a.kind == PipelineAction::forward ? bytes : -bytes;
+    peak = std::max(peak, held);
+  }
+  constexpr __int128 most = std::numeric_limits<int64_t>::max();
+  return static_cast<int64_t>(std::min(peak, most));
+}
+
+double ideal_bubble_fraction(int stages, int microbatches, int chunks) {
+  return static_cast<double>(stages - 1) / static_cast<double>(chunks * microbatches + stages - 1);
+}
+
+double simulated_bubble_fraction(const std::string& schedule, int stages, int microbatches, int chunks,
+                                 double forward_time, double backward_time) {
+  const int virtual_stages = stages * chunks;
+  std::vector<std::vector<PipelineAction>> actions;
+  for (int r = 0; r < stages; ++r) actions.push_back(stage_actions(schedule, r, stages, microbatches, chunks));
+  // When each (virtual stage, microbatch) pass finished; negative: not yet run.
+  auto slot = [&](int stage, int mb) {
+    return static_cast<size_t>(stage) * static_cast<size_t>(microbatches) + static_cast<size_t>(mb);
+  };
+  std::vector<double> forward_done(slot(virtual_stages, 0), -1), backward_done(slot(virtual_stages, 0), -1);
+  std::vector<size_t> next(static_cast<size_t>(stages), 0);
+  std::vector<double> free_at(static_cast<size_t>(stages), 0);
+  double busy = 0;
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int r = 0; r < stages; ++r) {
+      const size_t ri = static_cast<size_t>(r);
+      while (next[ri] < actions[ri].size()) {
+        const PipelineAction& a = actions[ri][next[ri]];
+        const int s = r + a.chunk * stages;
+        // What the pass receives: the previous stage's activation, or the next stage's gradient.
+        double ready = 0;
+        if (a.kind == PipelineAction::forward && s > 0) ready = forward_done[slot(s - 1, a.microbatch)];
+        if (a.kind == PipelineAction::backward)
+          ready =
+              s + 1 < virtual_stages ? backward_done[slot(s + 1, a.microbatch)] : forward_done[slot(s, a.microbatch)];
+        if (ready < 0) break;  // blocked in a receive: another rank must move first
+        const double took = a.kind == PipelineAction::forward ? forward_time : backward_time;
+        free_at[ri] = std::max(free_at[ri], ready) + took;
+        busy += took;
+        (a.kind == PipelineAction::forward ? forward_done : backward_done)[slot(s, a.microbatch)] = free_at[ri];
+        ++next[ri];
+        progress = true;
+      }
+    }
+  }
+  for (int r = 0; r < stages; ++r)
+    if (next[static_cast<size_t>(r)] < actions[static_cast<size_t>(r)].size())
+      throw std::logic_error(cat("pipeline: ", schedule, " deadlocks: rank ", r, " waits forever at action ",
+                                 next[static_cast<size_t>(r)]));
+  const double makespan = *std::max_element(free_at.begin(), free_at.end());
+  return makespan > 0 ? 1.0 - busy / (makespan * stages) : 0.0;
 }
 
 }  // namespace keel

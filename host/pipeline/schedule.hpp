@@ -1,6 +1,7 @@
-// Pipeline schedules: the order in which one stage runs the forward and backward passes of a
-// step's microbatches. Both schedules run the backward passes in microbatch order, so every
-// gradient accumulates in the same order and GPipe and 1F1B give bitwise identical steps.
+// Pipeline schedules: the order in which one pipeline rank runs the forward and backward passes
+// of a step's microbatches on the model chunks it holds. Every schedule runs each chunk's
+// backward passes in microbatch order, so every gradient accumulates in the same order and the
+// schedules give bitwise identical steps.
 #pragma once
 
 #include <string>
@@ -8,28 +9,50 @@
 
 namespace keel {
 
-/// One pass of one microbatch on one stage.
+/// One pass of one microbatch through one of the rank's model chunks (chunk k of pipeline
+/// rank r is virtual stage r + k * stages; 0 without interleaving).
 struct PipelineAction {
   enum Kind { forward, backward };
   Kind kind = forward;
   int microbatch = 0;
+  int chunk = 0;
 
   bool operator==(const PipelineAction&) const = default;
 };
 
-/// The actions of `stage` (0-based, of `stages`) for `microbatches` microbatches.
-///   "gpipe": every forward, then every backward.
+/// The actions of pipeline rank `stage` (0-based, of `stages`) holding `chunks` model chunks,
+/// for `microbatches` microbatches.
+///   "gpipe": every forward, then every backward (one chunk).
 ///   "1f1b":  min(stages - stage - 1, microbatches) warm-up forwards, then one forward and one
 ///            backward alternately, then the remaining backwards (PipeDream-Flush; at most
-///            stages - stage activations alive).
+///            stages - stage activations alive; one chunk).
+///   "interleaved_1f1b": Megatron-LM's interleaved order over chunks >= 2 chunks, microbatches
+///            a multiple of stages: forwards take groups of `stages` microbatches through chunk
+///            0, then chunk 1, ...; backwards the same groups through the chunks in reverse;
+///            (stages - stage - 1) * 2 + (chunks - 1) * stages warm-up forwards (all of them
+///            when microbatches == stages), then alternately, then the remaining backwards.
 /// Throws std::invalid_argument on an unknown schedule or impossible sizes.
-std::vector<PipelineAction> stage_actions(const std::string& schedule, int stage, int stages, int microbatches);
+std::vector<PipelineAction> stage_actions(const std::string& schedule, int stage, int stages, int microbatches,
+                                          int chunks = 1);
 
-/// The most microbatches whose forward has run and whose backward has not, at any point of
-/// `actions`: how many microbatches' activations the stage holds at its peak.
+/// The most (microbatch, chunk) passes whose forward has run and whose backward has not, at
+/// any point of `actions`: how many chunk activations the rank holds at its peak.
 int peak_in_flight(const std::vector<PipelineAction>& actions);
 
-/// The idle fraction of an ideal pipeline with equal stage times: (p - 1) / (m + p - 1).
-double ideal_bubble_fraction(int stages, int microbatches);
+/// The most bytes held at any point of `actions` when a forward through chunk k keeps
+/// `bytes_per_chunk[k]` until its backward; saturates at INT64_MAX.
+int64_t peak_held_bytes(const std::vector<PipelineAction>& actions, const std::vector<int64_t>& bytes_per_chunk);
+
+/// The idle fraction of an ideal pipeline with equal stage times: (p - 1) / (v m + p - 1) for
+/// p stages of v chunks each (v = 1: (p - 1) / (m + p - 1)).
+double ideal_bubble_fraction(int stages, int microbatches, int chunks = 1);
+
+/// Runs `schedule` on `stages` ranks of `chunks` chunks as this host does (a receive waits for
+/// its sender's pass, a send never waits; transfers take no time), each forward through a chunk
+/// taking `forward_time` and each backward `backward_time`, and returns the idle fraction of
+/// the ranks' time over the step: the exact bubble of the schedule. Throws std::logic_error if
+/// the ranks would wait on each other forever.
+double simulated_bubble_fraction(const std::string& schedule, int stages, int microbatches, int chunks,
+                                 double forward_time, double backward_time);
 
 }  // namespace keel

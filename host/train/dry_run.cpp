@@ -60,13 +60,14 @@ std::string describe_part(const ModelPart& part, const std::vector<int>& ranks) 
                 part.buffers().size(), replicas.empty() ? "" : cat(", REPLICA: ", join(replicas, ", ")).c_str());
 }
 
-// What one rank's forwards keep for backward: the model's estimate per microbatch, times the
-// microbatches its schedule holds at once.
+// What one rank's forwards keep for backward: the model's estimate per microbatch for each of
+// its stages, held as its schedule holds them (one stage: times the microbatches in flight).
 struct ActivationPlan {
-  int64_t per_microbatch = 0;
-  int in_flight = 0;
-  /// Saturates: the per-microbatch figure comes from a plugin, and a huge one must not wrap.
-  int64_t total() const { return saturating_add(0, per_microbatch, in_flight); }
+  int64_t per_microbatch = 0;  ///< over the rank's stages
+  int stages = 1;              ///< on this rank (interleaving: several)
+  int in_flight = 0;           ///< the most (microbatch, stage) passes held at once
+  int64_t peak = 0;            ///< the most bytes held at once (saturates)
+  int64_t total() const { return peak; }
   /// `base + bytes * times`, or INT64_MAX where that overflows.
   static int64_t saturating_add(int64_t base, int64_t bytes, int64_t times) {
     int64_t product = 0, sum = 0;
@@ -88,6 +89,7 @@ std::optional<ActivationPlan> plan_activations(Job& view) {
   const MeshLayout mesh = view.mesh().layout();
   const int64_t batch = c.training.global_batch / (mesh.dp * c.parallelism.microbatches);
   ActivationPlan plan;
+  std::vector<int64_t> per_stage;
   for (ModelPart* part : view.parts()) {
     // The part as it will train: on the configured device, not the dry run's meta device (a
     // model's kernels, and so what they keep, may differ by device).
@@ -97,10 +99,14 @@ std::optional<ActivationPlan> plan_activations(Job& view) {
     const std::optional<int64_t> bytes =
         view.model().activation_bytes(spec, batch, c.training.seq_len, recompute_mode(c.training.recompute));
     if (!bytes) return std::nullopt;
+    per_stage.push_back(*bytes);
     plan.per_microbatch = ActivationPlan::saturating_add(plan.per_microbatch, *bytes, 1);
-    plan.in_flight = peak_in_flight(
-        stage_actions(c.parallelism.schedule, part->spec().stage_index, mesh.pp, c.parallelism.microbatches));
   }
+  const std::vector<PipelineAction> actions = stage_actions(c.parallelism.schedule, mesh.pp_index, mesh.pp,
+                                                            c.parallelism.microbatches, c.parallelism.stages_per_rank);
+  plan.stages = static_cast<int>(per_stage.size());
+  plan.in_flight = peak_in_flight(actions);
+  plan.peak = peak_held_bytes(actions, per_stage);
   return plan;
 }
 
@@ -147,10 +153,18 @@ void print_activations(const JobConfig& config, const std::vector<ActivationPlan
     for (int d = 0; d < mesh.dp; ++d) ranks.push_back(static_cast<size_t>(mesh.rank_of(stage, d)));
     std::sort(ranks.begin(), ranks.end());
     const ActivationPlan& a = by_rank[ranks.front()];
-    std::printf("  rank%s %s: %ld B (%s) per microbatch x %d in flight = %s\n", ranks.size() > 1 ? "s" : "",
-                describe_ranks(ranks).c_str(), static_cast<long>(a.per_microbatch),
-                human_bytes(static_cast<double>(a.per_microbatch)).c_str(), a.in_flight,
-                human_bytes(static_cast<double>(a.total())).c_str());
+    if (a.stages == 1)
+      std::printf("  rank%s %s: %ld B (%s) per microbatch x %d in flight = %s\n", ranks.size() > 1 ? "s" : "",
+                  describe_ranks(ranks).c_str(), static_cast<long>(a.per_microbatch),
+                  human_bytes(static_cast<double>(a.per_microbatch)).c_str(), a.in_flight,
+                  human_bytes(static_cast<double>(a.total())).c_str());
+    else
+      std::printf(
+          "  rank%s %s: %ld B (%s) per microbatch through its %d stages, at most %d stage passes in flight = "
+          "%s\n",
+          ranks.size() > 1 ? "s" : "", describe_ranks(ranks).c_str(), static_cast<long>(a.per_microbatch),
+          human_bytes(static_cast<double>(a.per_microbatch)).c_str(), a.stages, a.in_flight,
+          human_bytes(static_cast<double>(a.total())).c_str());
   }
 }
 
@@ -172,9 +186,11 @@ void print_dry_run(const RunOptions& options) {
   const JobConfig config = first->config();  // `first` is handed on below
   std::printf("model %s from %s\n", first->config().model.component.c_str(), first->model_path().c_str());
   std::printf("clipper %s from %s\n", first->config().clipper.component.c_str(), first->clipper_path().c_str());
-  std::printf("mesh: pp %d x dp %d (ep %d, edp %d), %d rank(s), schedule %s, %d microbatch(es)\n", mesh.pp, mesh.dp,
-              mesh.ep, mesh.edp(), mesh.world(), first->config().parallelism.schedule.c_str(),
-              first->config().parallelism.microbatches);
+  const int stages_per_rank = config.parallelism.stages_per_rank;
+  std::printf("mesh: pp %d x dp %d (ep %d, edp %d), %d rank(s), schedule %s%s, %d microbatch(es)\n", mesh.pp, mesh.dp,
+              mesh.ep, mesh.edp(), mesh.world(), config.parallelism.schedule.c_str(),
+              stages_per_rank > 1 ? format(" (%d stages per rank)", stages_per_rank).c_str() : "",
+              config.parallelism.microbatches);
   // Ranks differ only by stage and expert shard: the dp replicas of a shard hold the same part.
   std::map<std::string, ParamCount> totals;
   std::vector<StateBytes> state_by_rank(static_cast<size_t>(mesh.world()));

@@ -114,11 +114,26 @@ Job::Job(const RunOptions& options, bool meta, int offline_rank) : tree_(load_tr
   const keel_model_info& info = model_->info();
   std::vector<StageLayers> stages;
   const bool explicit_split = !par.layers_per_stage.empty();
+  const int virtual_stages = par.pp * par.stages_per_rank;
+  // Interleaving splits the layers evenly, as Megatron-LM does: each chunk is an equal share
+  // of a rank's work, which the schedule's order assumes. layers_per_stage can set any split.
+  if (par.stages_per_rank > 1 && !explicit_split && info.num_layers % virtual_stages != 0)
+    ConfigSection(tree_, "parallelism")
+        .invalid("stages_per_rank", cat("the model's ", info.num_layers,
+                                        " layers do not divide into pp x "
+                                        "stages_per_rank = ",
+                                        virtual_stages,
+                                        " equal stages; set "
+                                        "parallelism.layers_per_stage to split them unevenly"));
   try {
-    stages =
-        explicit_split ? split_layers(info.num_layers, par.layers_per_stage) : split_layers(info.num_layers, par.pp);
+    stages = explicit_split ? split_layers(info.num_layers, par.layers_per_stage)
+                            : split_layers(info.num_layers, virtual_stages);
   } catch (const std::invalid_argument& e) {
-    ConfigSection(tree_, "parallelism").invalid(explicit_split ? "layers_per_stage" : "pp", e.what());
+    ConfigSection(tree_, "parallelism")
+        .invalid(explicit_split            ? "layers_per_stage"
+                 : par.stages_per_rank > 1 ? "stages_per_rank"
+                                           : "pp",
+                 e.what());
   }
   // Before the rendezvous: a model that cannot recompute fails every rank at once.
   if (config_.training.recompute != "none") model_->set_recompute(config_.training.recompute, "training.recompute");
@@ -127,17 +142,20 @@ Job::Job(const RunOptions& options, bool meta, int offline_rank) : tree_(load_tr
     rendezvous.nccl = device_.is_cuda();
     mesh_->connect(rendezvous);
   }
-  keel_part_spec spec{};
-  spec.struct_size = sizeof(spec);
-  spec.stage_index = mesh_->layout().pp_index;
-  spec.num_stages = par.pp;
-  spec.first_layer = stages[static_cast<size_t>(spec.stage_index)].first;
-  spec.num_layers = stages[static_cast<size_t>(spec.stage_index)].count;
-  spec.device_type = device_.is_meta() ? KEEL_DEVICE_META : device_.is_cuda() ? KEEL_DEVICE_CUDA : KEEL_DEVICE_CPU;
-  spec.device_index = device_.has_index() ? device_.index() : 0;
-  spec.param_dtype = KEEL_DTYPE_FP32;
-  spec.compute_dtype = config_.training.dtype == "bf16" ? KEEL_DTYPE_BF16 : KEEL_DTYPE_FP32;
-  parts_.push_back(&model_->build_part(spec));
+  // Chunk k of pipeline rank r is virtual stage r + k pp (one chunk without interleaving).
+  for (int chunk = 0; chunk < par.stages_per_rank; ++chunk) {
+    keel_part_spec spec{};
+    spec.struct_size = sizeof(spec);
+    spec.stage_index = mesh_->layout().pp_index + chunk * par.pp;
+    spec.num_stages = virtual_stages;
+    spec.first_layer = stages[static_cast<size_t>(spec.stage_index)].first;
+    spec.num_layers = stages[static_cast<size_t>(spec.stage_index)].count;
+    spec.device_type = device_.is_meta() ? KEEL_DEVICE_META : device_.is_cuda() ? KEEL_DEVICE_CUDA : KEEL_DEVICE_CPU;
+    spec.device_index = device_.has_index() ? device_.index() : 0;
+    spec.param_dtype = KEEL_DTYPE_FP32;
+    spec.compute_dtype = config_.training.dtype == "bf16" ? KEEL_DTYPE_BF16 : KEEL_DTYPE_FP32;
+    parts_.push_back(&model_->build_part(spec));
+  }
 }
 
 }  // namespace keel

@@ -127,6 +127,30 @@ TEST(Checkpoint, Pp2Dp2Ep2CheckpointResumesUnderDp2Ep2) {
 
 TEST(Checkpoint, Pp2Dp2Ep2CheckpointResumesOnOneRank) { expect_resumes_pp2_dp2_ep2("single rank", 1, {}); }
 
+const std::vector<std::string> kInterleaved = {"parallelism.schedule=interleaved_1f1b",
+                                               "parallelism.stages_per_rank=2"};
+
+TEST(Checkpoint, Pp2Dp2Ep2CheckpointResumesUnderInterleavedOneFOneB) {
+  expect_resumes_pp2_dp2_ep2("interleaved", 4, with(kPp2Dp2Ep2, kInterleaved));
+}
+
+TEST(Checkpoint, AnInterleavedCheckpointResumesUnderOneFOneB) {
+  // Two stages per rank (layers 0 and 2 on rank 0, 1 and 3 on rank 1) saved, one per rank
+  // loaded: the same canonical entries, re-saved bitwise, and the next step within the bound.
+  test::TempDir dir;
+  const std::vector<std::string> interleaved = with({"parallelism.pp=2"}, kInterleaved);
+  JobRun source = test::run_job(dir, "source", 2, kJob, interleaved);
+  ASSERT_EQ(source.result.status, 0) << source.result.output;
+  JobRun resaved = test::run_job(dir, "resaved", 2, kJob, {"parallelism.pp=2", load(source, 5), "training.steps=5"});
+  ASSERT_EQ(resaved.result.status, 0) << resaved.result.output;
+  expect_same_entries(source.dir + "/checkpoints/step-5", resaved.dir + "/checkpoints/step-5");
+  JobRun next = test::run_job(dir, "next", 2, kJob, {"parallelism.pp=2", load(source, 5), "training.steps=6"});
+  ASSERT_EQ(next.result.status, 0) << next.result.output;
+  ASSERT_EQ(next.steps, (std::vector<int64_t>{6}));
+  EXPECT_NEAR(next.loss[0], source.loss[5], test::kLossRtol * source.loss[5]);
+  EXPECT_NEAR(next.grad_norm[0], source.grad_norm[5], test::kLossRtol * source.grad_norm[5]);
+}
+
 TEST(Checkpoint, AKillDuringASaveLeavesThePreviousCheckpointLoadable) {
   test::TempDir dir;
   // The last rank dies after writing its file of step 4, before the checkpoint is complete.

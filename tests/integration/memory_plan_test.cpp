@@ -143,6 +143,27 @@ TEST(MemoryPlan, ActivationsArePlannedPerStageForTheMicrobatchesItsScheduleHolds
   EXPECT_LT(number_after(gpipe_lines[0], ": "), first / 2) << gpipe.output;
 }
 
+TEST(MemoryPlan, InterleavingPlansEachRanksStagesAndTheirStateAsAllocated) {
+  // Two stages per rank: the plan's state lines are still what every rank allocates.
+  const std::vector<std::string> interleaved = {"parallelism.pp=2", "parallelism.dp=2", "parallelism.ep=2",
+                                                "parallelism.schedule=interleaved_1f1b",
+                                                "parallelism.stages_per_rank=2"};
+  EXPECT_EQ(expect_plan_is_what_ranks_allocate("PP2 DP2 EP2 v2", 4, interleaved).size(), 2u);
+  // Two microbatches on two ranks: every pass warms up, so each rank holds both microbatches on
+  // both of its stages at the peak, the sum of its stages' estimates twice over.
+  test::TempDir dir;
+  auto plan = dry_run(dir, "", interleaved);
+  ASSERT_EQ(plan.status, 0) << plan.output;
+  EXPECT_NE(plan.output.find("schedule interleaved_1f1b (2 stages per rank), 2 microbatch(es)"), std::string::npos)
+      << plan.output;
+  EXPECT_NE(plan.output.find("stage 2/4, layers 2-2 (1)"), std::string::npos) << plan.output;
+  const std::vector<std::string> stages = activation_lines(plan.output);
+  ASSERT_EQ(stages.size(), 2u) << plan.output;
+  for (const std::string& line : stages)
+    EXPECT_NE(line.find(" per microbatch through its 2 stages, at most 4 stage passes in flight = "), std::string::npos)
+        << line;
+}
+
 TEST(MemoryPlan, AnEstimatePastInt64SaturatesIntoAWarningInsteadOfWrapping) {
   test::TempDir dir;
   // 4M samples of 16M tokens per microbatch: the [b, h, s, s] scores alone pass 2^63 bytes.

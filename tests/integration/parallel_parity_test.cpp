@@ -118,6 +118,19 @@ TEST(ParallelParity, Llama3Pp2Dp2MatchesTheSingleRankRun) {
   expect_parity("llama3 PP2 DP2", 4, {"parallelism.pp=2", "parallelism.dp=2"}, job);
 }
 
+// Two stages per rank: 4 layers in 4 parts, rank 0 holding stages 0 and 2 (the embedding, and
+// layer 2), rank 1 stages 1 and 3 (the head, MTP and the embedding's REPLICA).
+TEST(ParallelParity, InterleavedPp2MatchesTheSingleRankRun) {
+  expect_parity("PP2 v2", 2,
+                {"parallelism.pp=2", "parallelism.schedule=interleaved_1f1b", "parallelism.stages_per_rank=2"});
+}
+
+TEST(ParallelParity, InterleavedPp2Dp2Ep2MatchesTheSingleRankRun) {
+  expect_parity("PP2 DP2 EP2 v2", 4,
+                {"parallelism.pp=2", "parallelism.dp=2", "parallelism.ep=2", "parallelism.schedule=interleaved_1f1b",
+                 "parallelism.stages_per_rank=2"});
+}
+
 TEST(ParallelParity, GPipeAndOneFOneBAreBitwiseIdentical) {
   test::TempDir dir;
   const std::vector<std::string> layout = {"parallelism.pp=2", "parallelism.dp=2", "parallelism.ep=2",
@@ -230,6 +243,27 @@ TEST(BadLayout, FewerLayersThanStagesAreRefused) {
 TEST(BadLayout, ExplicitStageLayersMustCoverTheModel) {
   expect_refused("2", " --set parallelism.pp=2 --set parallelism.layers_per_stage=[3,2]",
                  "parallelism.layers_per_stage: the counts sum to 5 layers, but the model has 4");
+}
+
+TEST(BadLayout, InterleavingLayersThatDoNotDivideIntoTheStagesIsRefused) {
+  expect_refused("2",
+                 " --set parallelism.pp=2 --set parallelism.schedule=interleaved_1f1b --set "
+                 "parallelism.stages_per_rank=3",
+                 "parallelism.stages_per_rank: the model's 4 layers do not divide into pp x stages_per_rank = 6 equal "
+                 "stages");
+}
+
+TEST(BadLayout, InterleavingMicrobatchesThatAreNoMultipleOfPpAreRefused) {
+  expect_refused("2",
+                 " --set parallelism.pp=2 --set parallelism.schedule=interleaved_1f1b --set "
+                 "parallelism.stages_per_rank=2 --set parallelism.microbatches=1",
+                 "parallelism.microbatches: interleaved_1f1b needs a multiple of pp = 2, got 1");
+}
+
+TEST(BadLayout, SeveralStagesPerRankNeedTheInterleavedSchedule) {
+  expect_refused("2", " --set parallelism.pp=2 --set parallelism.stages_per_rank=2",
+                 "parallelism.stages_per_rank: only schedule = \"interleaved_1f1b\" holds several stages per rank; "
+                 "\"1f1b\" holds 1, got 2");
 }
 
 TEST(DryRun, EveryRankPartOfALayoutIsPrintedFromOneProcess) {

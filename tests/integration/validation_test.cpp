@@ -72,6 +72,11 @@ TEST(Validation, Pp2GpipeMatchesTheSingleRankRun) {
   expect_validation_parity("PP2 gpipe", 2, {"parallelism.pp=2", "parallelism.schedule=\\\"gpipe\\\""});
 }
 
+TEST(Validation, InterleavedPp2MatchesTheSingleRankRun) {
+  expect_validation_parity(
+      "PP2 v2", 2, {"parallelism.pp=2", "parallelism.schedule=interleaved_1f1b", "parallelism.stages_per_rank=2"});
+}
+
 TEST(Validation, Pp4MatchesTheSingleRankRun) { expect_validation_parity("PP4", 4, {"parallelism.pp=4"}); }
 
 TEST(Validation, Dp2Ep2MatchesTheSingleRankRun) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <set>
 #include <stdexcept>
 
@@ -63,6 +64,81 @@ TEST(PipelineSchedule, EverySchedulePassesEachMicrobatchOnceForwardBeforeBackwar
             EXPECT_LE(peak, std::min(m, stages - stage)) << "1F1B memory bound";
           }
         }
+}
+
+TEST(PipelineSchedule, InterleavedOneFOneBFollowsMegatronsOrder) {
+  // 2 ranks x 2 chunks, 4 microbatches: groups of 2 microbatches through chunk 0, then chunk 1;
+  // backwards through chunk 1, then chunk 0. Rank 0 warms up with (2-0-1)*2 + (2-1)*2 = 4.
+  auto f = [](int mb, int chunk) { return A{A::forward, mb, chunk}; };
+  auto b = [](int mb, int chunk) { return A{A::backward, mb, chunk}; };
+  EXPECT_EQ(stage_actions("interleaved_1f1b", 0, 2, 4, 2),
+            (std::vector<A>{f(0, 0), f(1, 0), f(0, 1), f(1, 1), f(2, 0), b(0, 1), f(3, 0), b(1, 1), f(2, 1), b(0, 0),
+                            f(3, 1), b(1, 0), b(2, 1), b(3, 1), b(2, 0), b(3, 0)}));
+  EXPECT_EQ(stage_actions("interleaved_1f1b", 1, 2, 4, 2),
+            (std::vector<A>{f(0, 0), f(1, 0), f(0, 1), b(0, 1), f(1, 1), b(1, 1), f(2, 0), b(0, 0), f(3, 0), b(1, 0),
+                            f(2, 1), b(2, 1), f(3, 1), b(3, 1), b(2, 0), b(3, 0)}));
+  // As many microbatches as ranks: every forward warms up.
+  const std::vector<A> all = stage_actions("interleaved_1f1b", 1, 2, 2, 2);
+  EXPECT_EQ(all, (std::vector<A>{f(0, 0), f(1, 0), f(0, 1), f(1, 1), b(0, 1), b(1, 1), b(0, 0), b(1, 0)}));
+}
+
+TEST(PipelineSchedule, InterleavedOneFOneBRunsWithoutDeadlockAndAccumulatesInMicrobatchOrder) {
+  for (int stages : {2, 3, 4})
+    for (int chunks : {2, 3})
+      for (int groups : {1, 2, 3}) {
+        const int m = groups * stages;
+        for (int stage = 0; stage < stages; ++stage) {
+          const std::vector<A> actions = stage_actions("interleaved_1f1b", stage, stages, m, chunks);
+          ASSERT_EQ(actions.size(), static_cast<size_t>(2 * m * chunks));
+          std::vector<std::vector<int>> forwards(static_cast<size_t>(chunks)), backwards(forwards);
+          for (const A& a : actions) {
+            const std::vector<int>& forwarded = forwards[static_cast<size_t>(a.chunk)];
+            if (a.kind == A::backward) {
+              EXPECT_NE(std::find(forwarded.begin(), forwarded.end(), a.microbatch), forwarded.end());
+            }
+            (a.kind == A::forward ? forwards : backwards)[static_cast<size_t>(a.chunk)].push_back(a.microbatch);
+          }
+          std::vector<int> in_order(static_cast<size_t>(m));
+          for (int i = 0; i < m; ++i) in_order[static_cast<size_t>(i)] = i;
+          for (int k = 0; k < chunks; ++k) {
+            EXPECT_EQ(forwards[static_cast<size_t>(k)], in_order);
+            // Each chunk's gradients accumulate in microbatch order: bitwise the other schedules.
+            EXPECT_EQ(backwards[static_cast<size_t>(k)], in_order);
+          }
+        }
+        // Receives block and sends do not, as in the runner: every rank gets through its list.
+        EXPECT_NO_THROW(simulated_bubble_fraction("interleaved_1f1b", stages, m, chunks, 1.0, 2.0))
+            << stages << " ranks, " << chunks << " chunks, " << m << " microbatches";
+      }
+}
+
+TEST(PipelineSchedule, TheSimulatedBubbleIsTheTextbookOneForOneFOneBAndInterleaving) {
+  // Backward twice the forward, per chunk a v-th of a stage's work.
+  for (int stages : {2, 4})
+    for (int m : {4, 8}) {
+      EXPECT_NEAR(simulated_bubble_fraction("1f1b", stages, m, 1, 1.0, 2.0), ideal_bubble_fraction(stages, m), 1e-12);
+      EXPECT_NEAR(simulated_bubble_fraction("interleaved_1f1b", stages, m, 2, 0.5, 1.0),
+                  ideal_bubble_fraction(stages, m, 2), 1e-12)
+          << stages << " ranks, " << m << " microbatches";
+    }
+}
+
+TEST(PipelineSchedule, InterleavingNeedsChunksAndAMultipleOfTheRanks) {
+  EXPECT_THROW(stage_actions("interleaved_1f1b", 0, 2, 4, 1), std::invalid_argument);
+  EXPECT_THROW(stage_actions("interleaved_1f1b", 0, 2, 3, 2), std::invalid_argument);
+  EXPECT_THROW(stage_actions("1f1b", 0, 2, 4, 2), std::invalid_argument);
+  EXPECT_THROW(stage_actions("gpipe", 0, 2, 4, 2), std::invalid_argument);
+}
+
+TEST(PipelineSchedule, InterleavingHoldsTheSumOfItsChunksAtThePeak) {
+  // Rank 0 of 2 x 2 chunks, 4 microbatches: 4 passes warm up (two per chunk) and a fifth
+  // starts before the first backward; after the backward of microbatch 0 on chunk 1 comes the
+  // forward of microbatch 3 on chunk 0: the peak holds four passes of chunk 0 and one of chunk 1.
+  const std::vector<A> actions = stage_actions("interleaved_1f1b", 0, 2, 4, 2);
+  EXPECT_EQ(peak_in_flight(actions), 5);
+  EXPECT_EQ(peak_held_bytes(actions, {100, 10}), 4 * 100 + 1 * 10);
+  EXPECT_EQ(peak_held_bytes(stage_actions("1f1b", 0, 2, 4), {7}), 2 * 7);
+  EXPECT_EQ(peak_held_bytes(actions, {INT64_MAX, 1}), INT64_MAX) << "saturates";
 }
 
 TEST(PipelineSchedule, UnknownScheduleAndImpossibleSizesAreRefused) {
