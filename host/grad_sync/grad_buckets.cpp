@@ -3,6 +3,8 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <map>
 
 namespace keel {
@@ -10,17 +12,18 @@ namespace keel {
 // Runs after autograd accumulated a parameter's gradient into its view.
 class GradientBuckets::FinalGradientHook : public torch::autograd::PostAccumulateGradHook {
  public:
-  FinalGradientHook(GradientBuckets& owner, size_t position) : owner_(owner), position_(position) {}
-  void operator()(const torch::autograd::Variable& /*param*/) override { owner_.gradient_final(position_); }
+  FinalGradientHook(GradientBuckets& owner, size_t position, size_t param)
+      : owner_(owner), position_(position), param_(param) {}
+  void operator()(const torch::autograd::Variable& /*param*/) override { owner_.gradient_final(position_, param_); }
   const GradientBuckets* owner() const { return &owner_; }
 
  private:
   GradientBuckets& owner_;
-  size_t position_;
+  size_t position_, param_;
 };
 
 GradientBuckets::GradientBuckets(const std::vector<ParamRef>& params, Mesh& mesh, int64_t bucket_bytes, bool overlap)
-    : layout_(plan_buckets(params, bucket_bytes)), overlap_(overlap) {
+    : layout_(plan_buckets(params, bucket_bytes)), overlap_(overlap), param_armed_(params.size(), false) {
   for (const BufferSpan& b : layout_.buffers) buffers_.push_back(at::zeros({b.numel}, b.options));
   for (const BucketSpan& span : layout_.buckets) {
     at::Tensor flat = buffers_[span.buffer].narrow(0, span.start, span.numel);
@@ -49,7 +52,8 @@ GradientBuckets::GradientBuckets(const std::vector<ParamRef>& params, Mesh& mesh
     if (position[b] == SIZE_MAX) continue;
     for (const BucketMember& m : layout_.buckets[b].members) {
       const at::Tensor& param = params[m.param].tensor();
-      torch::autograd::impl::set_post_acc_grad_hooks(param, std::make_unique<FinalGradientHook>(*this, position[b]));
+      torch::autograd::impl::set_post_acc_grad_hooks(param,
+                                                     std::make_unique<FinalGradientHook>(*this, position[b], m.param));
       hooked_.push_back(param);
     }
   }
@@ -68,16 +72,21 @@ void GradientBuckets::zero() {
   for (at::Tensor& b : buffers_) b.zero_();
 }
 
-void GradientBuckets::arm() {
+void GradientBuckets::arm(size_t first, size_t end) {
   if (!overlap_ || reduced_.empty()) return;
   std::lock_guard<std::mutex> lock(mutex_);
-  order_->reset();
-  armed_ = true;
+  if (!armed_) {  // the step's first: a new backward pass
+    order_->reset();
+    std::fill(param_armed_.begin(), param_armed_.end(), false);
+    armed_ = true;
+  }
+  std::fill(param_armed_.begin() + static_cast<std::ptrdiff_t>(std::min(first, param_armed_.size())),
+            param_armed_.begin() + static_cast<std::ptrdiff_t>(std::min(end, param_armed_.size())), true);
 }
 
-void GradientBuckets::gradient_final(size_t bucket) {
+void GradientBuckets::gradient_final(size_t bucket, size_t param) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (armed_) start(order_->gradient_final(bucket));
+  if (armed_ && param_armed_[param]) start(order_->gradient_final(bucket));
 }
 
 void GradientBuckets::start(const std::vector<size_t>& reduced) {

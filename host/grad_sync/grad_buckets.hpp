@@ -5,10 +5,12 @@
 // freed: autograd accumulates into them in place, and clippers and the optimizer see them as
 // ordinary .grad() tensors.
 //
-// With overlap, arm() before the step's last backward pass: a hook after each gradient's
-// accumulation counts it final, and each bucket's all-reduce starts as soon as every gradient
-// in it is (grad_sync/launch_order.hpp), while backward goes on; reduce() starts the rest and
-// waits. Each bucket is summed alone either way, so the result is bitwise the same.
+// With overlap, arm() before the step's last backward pass through the parameters armed: a
+// hook after each armed gradient's accumulation counts it final, and each bucket's all-reduce
+// starts as soon as every gradient in it is (grad_sync/launch_order.hpp), while backward goes
+// on; reduce() starts the rest and waits. A rank holding several pipeline stages arms each
+// stage's parameters before that stage's last backward. Each bucket is summed alone either
+// way, so the result is bitwise the same.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -36,9 +38,11 @@ class GradientBuckets {
   GradientBuckets& operator=(const GradientBuckets&) = delete;
   /// Zeroes every gradient in place.
   void zero();
-  /// The next backward pass is the step's last for these gradients: each bucket starts its
-  /// reduction once every gradient in it is accumulated. No-op without overlap.
-  void arm();
+  /// The next backward pass is the step's last for the gradients of the parameters [first,
+  /// end) of those given to the constructor: each bucket starts its reduction once every
+  /// gradient in it is accumulated, those of other parameters counting once a later call of
+  /// the step arms them. No-op without overlap.
+  void arm(size_t first, size_t end);
   /// SUM-reduces every gradient over its group (dense: dp, expert: edp): starts what arm() did
   /// not, then waits for all. [collective: dp, edp]
   void reduce();
@@ -58,7 +62,7 @@ class GradientBuckets {
     int64_t gradients = 0;  ///< parameters whose gradient lies in it
   };
   class FinalGradientHook;
-  void gradient_final(size_t bucket);
+  void gradient_final(size_t bucket, size_t param);
   void start(const std::vector<size_t>& reduced);
 
   BucketLayout layout_;
@@ -69,7 +73,8 @@ class GradientBuckets {
   std::vector<at::Tensor> hooked_;      ///< parameters holding a FinalGradientHook
   std::mutex mutex_;                    ///< hooks may run on autograd's device threads
   bool overlap_ = false;
-  bool armed_ = false;
+  bool armed_ = false;             ///< some parameters are armed this step
+  std::vector<bool> param_armed_;  ///< by the constructor's parameter index
   std::vector<std::unique_ptr<Work>> pending_;
   size_t started_during_backward_ = 0;
 };

@@ -47,8 +47,13 @@ PipelineRunner::PipelineRunner(std::vector<ModelPart*> parts, Group& pp, const s
                                       parts_[static_cast<size_t>(k)]->spec().stage_index, ", expected ",
                                       virtual_stage(k)));
   actions_ = stage_actions(schedule, stage_, pp.size(), microbatches, chunks);
-  for (size_t i = 0; i < actions_.size(); ++i)
-    if (actions_[i].kind != PipelineAction::forward) last_backward_ = i;
+  last_backward_.assign(actions_.size(), false);
+  std::vector<bool> seen(parts_.size(), false);
+  for (size_t i = actions_.size(); i-- > 0;)
+    if (actions_[i].kind == PipelineAction::backward && !seen[static_cast<size_t>(actions_[i].chunk)]) {
+      seen[static_cast<size_t>(actions_[i].chunk)] = true;
+      last_backward_[i] = true;
+    }
 }
 
 at::Tensor PipelineRunner::receive(const std::vector<int64_t>& shape, int peer, int tag) {
@@ -112,7 +117,7 @@ at::Tensor PipelineRunner::run(const std::vector<at::Tensor>& tokens, const std:
     } else {
       at::Tensor grad;
       if (!last) grad = receive(shape, neighbour(chunk, 1), gradient_tag(stage, mb, microbatches));
-      if (index == last_backward_ && before_last_backward_) before_last_backward_();
+      if (last_backward_[index] && before_last_backward_) before_last_backward_(chunk);
       const Clock::time_point busy = Clock::now();
       if (last)
         (f.output / loss_divisor).backward();

@@ -43,11 +43,10 @@ class PipelineRunner {
   /// activation is dropped once sent). Returns the sum of the last stage's loss sums as a 0-dim
   /// fp32 device tensor, zero on other stages. [collective: pp]
   at::Tensor evaluate(const std::vector<at::Tensor>& tokens, const std::vector<at::Tensor>& labels);
-  /// `hook` runs on every run() just before this rank's last backward pass of the step (where
-  /// the gradients of its first chunk become final: the overlapped gradient reduction arms
-  /// there; with several chunks the others' gradients were final before, and their buckets
-  /// start once the backward is over).
-  void set_before_last_backward(std::function<void()> hook) { before_last_backward_ = std::move(hook); }
+  /// `hook(chunk)` runs on every run() just before the step's last backward pass through each
+  /// of this rank's chunks, where that chunk's gradients become final (the overlapped gradient
+  /// reduction arms there): with several chunks, in the order those passes run.
+  void set_before_last_backward(std::function<void(int chunk)> hook) { before_last_backward_ = std::move(hook); }
   /// The timing of the last run().
   const ScheduleTiming& timing() const { return timing_; }
 
@@ -68,8 +67,8 @@ class PipelineRunner {
   int stage_;           ///< this rank's pp index
   int virtual_stages_;  ///< pp x chunks
   ScheduleTiming timing_;
-  std::function<void()> before_last_backward_;
-  size_t last_backward_ = 0;  ///< index of this rank's last backward action
+  std::function<void(int)> before_last_backward_;
+  std::vector<bool> last_backward_;  ///< by action: the chunk's last backward
 };
 
 }  // namespace keel

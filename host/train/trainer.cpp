@@ -52,9 +52,11 @@ void Trainer::init_parameters() {
   at::Generator generator = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(generator.mutex());
   generator.set_current_seed(init::seed_for(c.training.seed, "rng.cpu", static_cast<int64_t>(rank)));
+  chunk_params_ = {0};
   for (ModelPart* part : job_.parts()) {
     part->init_weights(c.training.seed);
     for (const ParamRef& p : part->parameters()) params_.push_back(p);
+    chunk_params_.push_back(params_.size());
   }
   if (c.debug.perturb_replicas == "before_post_init")
     log_warn(cat("debug.perturb_replicas: perturbed ", perturb_replicas(params_), " replica(s) before post_init"));
@@ -146,8 +148,9 @@ void Trainer::open_data() {
   runner_ = std::make_unique<PipelineRunner>(job_.parts(), job_.mesh().group(KEEL_GROUP_PP), c.parallelism.schedule,
                                              c.parallelism.microbatches, job_.model().info().hidden_size,
                                              c.training.dtype == "bf16" ? at::kBFloat16 : at::kFloat, job_.device());
-  runner_->set_before_last_backward([this] {
-    if (!poisons_) grads_->arm();
+  runner_->set_before_last_backward([this](int chunk) {
+    if (!poisons_)
+      grads_->arm(chunk_params_[static_cast<size_t>(chunk)], chunk_params_[static_cast<size_t>(chunk) + 1]);
   });
   if (c.validation.interval > 0)
     evaluator_ = std::make_unique<Evaluator>(job_, *runner_, open_validation_source(job_, *source_), eos);

@@ -113,6 +113,7 @@ class Trainer {
 
   Job& job_;
   std::vector<ParamRef> params_;
+  std::vector<size_t> chunk_params_;  ///< part k's parameters are params_[chunk_params_[k], chunk_params_[k + 1])
   std::vector<ParamRef> persistent_buffers_;  ///< restored after a skipped step
   std::vector<const keel_param_info*> param_infos_;
   std::unique_ptr<GradientBuckets> grads_;

@@ -1,7 +1,8 @@
 // The data-parallel gradient reduction overlapped with the last backward pass against the
-// reduction after it: the same job under DP2, DP2 EP2 and PP2 DP2 EP2, one and four
-// microbatches, one bucket per parameter (so many buckets start during backward), must give
-// bitwise the same losses, grad norms and final state (parameters, AdamW's moments, buffers).
+// reduction after it: the same job under DP2, DP2 EP2 and PP2 DP2 EP2 (also interleaved, two
+// stages per rank), one to four microbatches, one bucket per parameter (so many buckets start
+// during backward), must give bitwise the same losses, grad norms and final state (parameters,
+// AdamW's moments, buffers).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -66,6 +67,17 @@ TEST(OverlappedReduction, Pp2Dp2Ep2IsBitwiseTheReductionAfterBackward) {
   four.push_back("parallelism.microbatches=4");
   expect_overlap_is_bitwise_the_same("PP2 DP2 EP2, 1 microbatch", 4, one);
   expect_overlap_is_bitwise_the_same("PP2 DP2 EP2, 4 microbatches", 4, four);
+}
+
+TEST(OverlappedReduction, InterleavedPp2Dp2Ep2IsBitwiseTheReductionAfterBackward) {
+  // Two stages per rank: each stage's buckets start from its own last backward pass.
+  std::vector<std::string> two = {"parallelism.pp=2", "parallelism.dp=2", "parallelism.ep=2",
+                                  "parallelism.schedule=interleaved_1f1b", "parallelism.stages_per_rank=2"};
+  std::vector<std::string> four = two;
+  two.push_back("parallelism.microbatches=2");
+  four.push_back("parallelism.microbatches=4");
+  expect_overlap_is_bitwise_the_same("PP2 DP2 EP2 v2, 2 microbatches", 4, two);
+  expect_overlap_is_bitwise_the_same("PP2 DP2 EP2 v2, 4 microbatches", 4, four);
 }
 
 }  // namespace
