@@ -67,7 +67,6 @@ struct ActivationPlan {
   int stages = 1;              ///< on this rank (interleaving: several)
   int in_flight = 0;           ///< the most (microbatch, stage) passes held at once
   int64_t peak = 0;            ///< the most bytes held at once (saturates)
-  int64_t total() const { return peak; }
   /// `base + bytes * times`, or INT64_MAX where that overflows.
   static int64_t saturating_add(int64_t base, int64_t bytes, int64_t times) {
     int64_t product = 0, sum = 0;
@@ -127,7 +126,7 @@ void print_fit(const JobConfig& config, const std::vector<StateBytes>& state,
   int64_t largest = 0;
   for (size_t rank = 0; rank < state.size(); ++rank) {
     const int64_t total =
-        ActivationPlan::saturating_add(state[rank].total(), activations ? (*activations)[rank].total() : 0, 1);
+        ActivationPlan::saturating_add(state[rank].total(), activations ? (*activations)[rank].peak : 0, 1);
     largest = std::max(largest, total);
     if (static_cast<double>(total) > limit) over.push_back(rank);
   }
@@ -157,14 +156,14 @@ void print_activations(const JobConfig& config, const std::vector<ActivationPlan
       std::printf("  rank%s %s: %ld B (%s) per microbatch x %d in flight = %s\n", ranks.size() > 1 ? "s" : "",
                   describe_ranks(ranks).c_str(), static_cast<long>(a.per_microbatch),
                   human_bytes(static_cast<double>(a.per_microbatch)).c_str(), a.in_flight,
-                  human_bytes(static_cast<double>(a.total())).c_str());
+                  human_bytes(static_cast<double>(a.peak)).c_str());
     else
       std::printf(
           "  rank%s %s: %ld B (%s) per microbatch through its %d stages, at most %d stage passes in flight = "
           "%s\n",
           ranks.size() > 1 ? "s" : "", describe_ranks(ranks).c_str(), static_cast<long>(a.per_microbatch),
           human_bytes(static_cast<double>(a.per_microbatch)).c_str(), a.stages, a.in_flight,
-          human_bytes(static_cast<double>(a.total())).c_str());
+          human_bytes(static_cast<double>(a.peak)).c_str());
   }
 }
 

@@ -120,11 +120,8 @@ Job::Job(const RunOptions& options, bool meta, int offline_rank) : tree_(load_tr
   if (par.stages_per_rank > 1 && !explicit_split && info.num_layers % virtual_stages != 0)
     ConfigSection(tree_, "parallelism")
         .invalid("stages_per_rank", cat("the model's ", info.num_layers,
-                                        " layers do not divide into pp x "
-                                        "stages_per_rank = ",
-                                        virtual_stages,
-                                        " equal stages; set "
-                                        "parallelism.layers_per_stage to split them unevenly"));
+                                        " layers do not divide into pp x stages_per_rank = ", virtual_stages,
+                                        " equal stages; set parallelism.layers_per_stage to split them unevenly"));
   try {
     stages = explicit_split ? split_layers(info.num_layers, par.layers_per_stage)
                             : split_layers(info.num_layers, virtual_stages);
