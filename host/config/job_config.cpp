@@ -121,6 +121,7 @@ JobConfig read_job_config(ConfigTree& tree, int world_size, bool cuda_available)
   c.parallelism.grad_bucket_mb = par.integer("grad_bucket_mb", 25, 0, kMaxBucketMb);
   c.parallelism.overlap_grad_reduce = par.boolean("overlap_grad_reduce", true);
   c.parallelism.shard_optimizer = par.boolean("shard_optimizer", false);
+  c.parallelism.reduce_scatter_grads = par.boolean("reduce_scatter_grads", true);
   c.parallelism.layers_per_stage = par.integers("layers_per_stage", {});
   for (int64_t layers : c.parallelism.layers_per_stage)
     if (layers < 0 || layers > kMaxLayersPerStage)

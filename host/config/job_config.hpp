@@ -32,6 +32,7 @@ struct ParallelismSection {
   int64_t grad_bucket_mb = 25;            ///< data-parallel gradient all-reduce bucket size (0: per parameter)
   bool overlap_grad_reduce = true;        ///< reduce each bucket during the last backward, once it is final
   bool shard_optimizer = false;           ///< ZeRO-1: AdamW's state sharded over dp (dense) and edp (experts)
+  bool reduce_scatter_grads = true;       ///< sharded: reduce only the rows each rank steps, where hooks allow
 };
 
 struct TrainingSection {

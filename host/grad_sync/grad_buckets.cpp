@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <cstddef>
 #include <map>
+#include <set>
+
+#include "optim/optimizer_shards.hpp"
 
 namespace keel {
 
@@ -31,8 +34,10 @@ GradientBuckets::GradientBuckets(const std::vector<ParamRef>& params, Mesh& mesh
       const at::Tensor& param = params[m.param].tensor();
       param.mutable_grad() = flat.narrow(0, m.offset, m.numel).view(param.sizes());
     }
-    buckets_.push_back(
-        {flat, &mesh.group(span.expert ? KEEL_GROUP_EDP : KEEL_GROUP_DP), static_cast<int64_t>(span.members.size())});
+    buckets_.push_back({flat,
+                        &mesh.group(span.expert ? KEEL_GROUP_EDP : KEEL_GROUP_DP),
+                        static_cast<int64_t>(span.members.size()),
+                        {}});
   }
   // Only groups of several members reduce; their buckets are numbered in reduced_.
   std::map<Group*, int> group_ids;
@@ -89,10 +94,26 @@ void GradientBuckets::gradient_final(size_t bucket, size_t param) {
   if (armed_ && param_armed_[param]) start(order_->gradient_final(bucket));
 }
 
+size_t GradientBuckets::scatter(const std::vector<ParamRef>& params, const std::vector<size_t>& keep_whole) {
+  const std::set<size_t> whole(keep_whole.begin(), keep_whole.end());
+  scattered_ = 0;
+  for (size_t b : reduced_) {
+    const BucketSpan& span = layout_.buckets[b];
+    const bool holds_whole = std::any_of(span.members.begin(), span.members.end(),
+                                         [&](const BucketMember& m) { return whole.count(m.param) > 0; });
+    buckets_[b].cuts.clear();
+    if (holds_whole) continue;
+    buckets_[b].cuts = shard_cuts(span, params, buckets_[b].group->size());
+    ++scattered_;
+  }
+  return scattered_;
+}
+
 void GradientBuckets::start(const std::vector<size_t>& reduced) {
   for (size_t position : reduced) {
     Bucket& b = buckets_[reduced_[position]];
-    pending_.push_back(b.group->all_reduce_async(b.flat, KEEL_REDUCE_SUM));
+    pending_.push_back(b.cuts.empty() ? b.group->all_reduce_async(b.flat, KEEL_REDUCE_SUM)
+                                      : b.group->reduce_scatter_async(b.flat, b.cuts, KEEL_REDUCE_SUM));
   }
 }
 

@@ -11,6 +11,10 @@
 // on; reduce() starts the rest and waits. A rank holding several pipeline stages arms each
 // stage's parameters before that stage's last backward. Each bucket is summed alone either
 // way, so the result is bitwise the same.
+//
+// Under a sharded optimizer, scatter() turns a bucket's all-reduce into a reduce-scatter cut
+// where the optimizer cuts it (optim/optimizer_shards.hpp): each member then holds reduced
+// only the rows it steps, and the rest of the bucket its own partial sums.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -43,6 +47,12 @@ class GradientBuckets {
   /// gradient in it is accumulated, those of other parameters counting once a later call of
   /// the step arms them. No-op without overlap.
   void arm(size_t first, size_t end);
+  /// From the next reduce() on, reduce-scatters every bucket of several members that holds
+  /// none of the parameters (indices into those given to the constructor) in `keep_whole`,
+  /// each member receiving the range shard_cuts() gives it; returns how many buckets that is.
+  size_t scatter(const std::vector<ParamRef>& params, const std::vector<size_t>& keep_whole);
+  /// Number of buckets reduce() reduce-scatters (scatter()).
+  size_t scattered() const { return scattered_; }
   /// SUM-reduces every gradient over its group (dense: dp, expert: edp): starts what arm() did
   /// not, then waits for all. [collective: dp, edp]
   void reduce();
@@ -59,7 +69,8 @@ class GradientBuckets {
   struct Bucket {
     at::Tensor flat;  ///< a contiguous slice of a buffer
     Group* group = nullptr;
-    int64_t gradients = 0;  ///< parameters whose gradient lies in it
+    int64_t gradients = 0;      ///< parameters whose gradient lies in it
+    std::vector<int64_t> cuts;  ///< reduce-scattered at these cuts when not empty
   };
   class FinalGradientHook;
   void gradient_final(size_t bucket, size_t param);
@@ -77,6 +88,7 @@ class GradientBuckets {
   std::vector<bool> param_armed_;  ///< by the constructor's parameter index
   std::vector<std::unique_ptr<Work>> pending_;
   size_t started_during_backward_ = 0;
+  size_t scattered_ = 0;
 };
 
 }  // namespace keel

@@ -70,6 +70,20 @@ class C10dGroup final : public Group {
     std::vector<at::Tensor> tensors{tensor};
     return std::make_unique<C10dWork>(backend_for(tensor).allreduce(tensors, opts));
   }
+  std::unique_ptr<Work> reduce_scatter_async(at::Tensor& flat, const std::vector<int64_t>& cuts,
+                                             keel_reduce_op op) override {
+    if (op == KEEL_REDUCE_AVG) throw std::invalid_argument("reduce_scatter_async: AVG is not asynchronous; use SUM");
+    check_scatter_cuts(flat, cuts, size());
+    // The list form takes one input per member, of any length (uneven ranges), and writes
+    // this member's reduced range into its output: here the input's own slice, in place.
+    std::vector<at::Tensor> inputs;
+    for (int j = 0; j < size(); ++j) inputs.push_back(flat.narrow(0, cuts[j], cuts[j + 1] - cuts[j]));
+    std::vector<at::Tensor> outputs{inputs[static_cast<size_t>(rank_)]};
+    std::vector<std::vector<at::Tensor>> input_lists{inputs};
+    c10d::ReduceScatterOptions opts;
+    opts.reduceOp = to_c10d(op);
+    return std::make_unique<C10dWork>(backend_for(flat).reduce_scatter(outputs, input_lists, opts));
+  }
   void broadcast(at::Tensor& tensor, int root) override {
     c10d::BroadcastOptions opts;
     opts.rootRank = root;

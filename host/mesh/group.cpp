@@ -57,6 +57,16 @@ std::unique_ptr<Work> SoloGroup::irecv(at::Tensor& tensor, int peer, int tag) {
   return nullptr;
 }
 
+void check_scatter_cuts(const at::Tensor& flat, const std::vector<int64_t>& cuts, int members) {
+  if (flat.dim() != 1 || !flat.is_contiguous())
+    throw std::invalid_argument(
+        cat("reduce_scatter_async: the tensor must be 1-D and contiguous, got shape ", flat.sizes()));
+  if (cuts.size() != static_cast<size_t>(members) + 1 || cuts.front() != 0 || cuts.back() != flat.numel() ||
+      !std::is_sorted(cuts.begin(), cuts.end()))
+    throw std::invalid_argument(cat("reduce_scatter_async: want ", members + 1, " ascending cuts from 0 to ",
+                                    flat.numel(), ", got ", cuts.size(), " cut(s)"));
+}
+
 std::vector<std::string> all_gather_bytes(Group& group, const std::string& bytes) {
   if (group.size() == 1) return {bytes};
   // Gloo gathers equal sizes only: agree on the longest, pad to it, cut by the gathered lengths.

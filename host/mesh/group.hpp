@@ -52,7 +52,17 @@ class Group {
   virtual std::unique_ptr<Work> irecv(at::Tensor& tensor, int peer, int tag) = 0;
   /// Starts an in-place reduction over the members; read the tensor only after wait().
   virtual std::unique_ptr<Work> all_reduce_async(at::Tensor& tensor, keel_reduce_op op) = 0;
+  /// Starts a reduction of the 1-D contiguous `flat` in which member j receives, in place, the
+  /// reduced elements [cuts[j], cuts[j + 1]); its other elements keep this rank's own values.
+  /// `cuts` holds size() + 1 ascending offsets from 0 to flat.numel() (check_scatter_cuts).
+  /// Read the tensor only after wait(); NULL when nothing is in flight.
+  virtual std::unique_ptr<Work> reduce_scatter_async(at::Tensor& flat, const std::vector<int64_t>& cuts,
+                                                     keel_reduce_op op) = 0;
 };
+
+/// Throws std::invalid_argument unless `cuts` splits the 1-D contiguous `flat` among `members`
+/// as reduce_scatter_async() needs.
+void check_scatter_cuts(const at::Tensor& flat, const std::vector<int64_t>& cuts, int members);
 
 /// Every member's `bytes`, by group rank (sizes may differ). [collective: group]
 std::vector<std::string> all_gather_bytes(Group& group, const std::string& bytes);
@@ -76,6 +86,11 @@ class SoloGroup final : public Group {
   std::unique_ptr<Work> isend(const at::Tensor& tensor, int peer, int tag) override;
   std::unique_ptr<Work> irecv(at::Tensor& tensor, int peer, int tag) override;
   std::unique_ptr<Work> all_reduce_async(at::Tensor&, keel_reduce_op) override { return nullptr; }
+  std::unique_ptr<Work> reduce_scatter_async(at::Tensor& flat, const std::vector<int64_t>& cuts,
+                                             keel_reduce_op) override {
+    check_scatter_cuts(flat, cuts, 1);
+    return nullptr;
+  }
 
  private:
   std::vector<int> ranks_;

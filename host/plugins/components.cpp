@@ -316,6 +316,17 @@ void Clipper::bind_model_parts(const std::vector<const keel_param_info*>& params
     context_.check(vtable_.bind_model_parts(raw_, params.data(), params.size()), "bind_model_parts");
 }
 
+void Clipper::bind_gradient_shards(const std::vector<const keel_param_info*>& owners, std::vector<at::Tensor>& owned) {
+  if (!takes_gradient_shards() || owners.size() != owned.size())
+    throw std::logic_error(cat(context_.label(), ": bind_gradient_shards without the extension or with ", owners.size(),
+                               " owners for ", owned.size(), " views"));
+  owned_handles_.clear();
+  for (at::Tensor& t : owned) owned_handles_.push_back(handle(t));
+  context_.check(extensions_.clipper_shards.bind_gradient_shards(raw_, owners.data(), owned_handles_.data(),
+                                                                 owned_handles_.size()),
+                 "bind_gradient_shards");
+}
+
 at::Tensor Clipper::clip(const std::vector<const keel_param_info*>& params) {
   at::Tensor total_norm;
   context_.check(vtable_.clip(raw_, params.data(), params.size(), handle(total_norm)), "clip");

@@ -158,6 +158,12 @@ class Clipper {
   /// Hands the clipper the host's records of every parameter of this rank, once, in clip()
   /// order; `params` (the array itself) must outlive the clipper's use of it.
   void bind_model_parts(const std::vector<const keel_param_info*>& params);
+  /// Whether the clipper clips reduce-scattered gradients (KEEL_EXTENSION_CLIPPER_SHARDS).
+  bool takes_gradient_shards() const { return extensions_.clipper_shards.bind_gradient_shards != nullptr; }
+  /// After bind_model_parts: from now on clip() counts and scales only `owned` (flat views of
+  /// reduced gradient rows), owned[i] belonging to owners[i]. Both arrays must outlive the
+  /// clipper's use of them. Requires takes_gradient_shards().
+  void bind_gradient_shards(const std::vector<const keel_param_info*>& owners, std::vector<at::Tensor>& owned);
   /// Clips in place; returns the total norm as a device tensor. `params` is the array given to
   /// bind_model_parts.
   at::Tensor clip(const std::vector<const keel_param_info*>& params);
@@ -176,6 +182,7 @@ class Clipper {
   ComponentConfig config_;
   HostContext context_;
   keel_clipper* raw_ = nullptr;
+  std::vector<keel_tensor*> owned_handles_;
 };
 
 }  // namespace keel

@@ -136,24 +136,35 @@ const char* config_type_name(keel_config_type type) {
 
 namespace {
 
-void require_model(const keel_component& component, const std::string& where, const char* what) {
-  if (component.kind != KEEL_COMPONENT_MODEL)
-    throw InputError(cat(where, ": the model ", what, " extension on a ",
-                         component.kind == KEEL_COMPONENT_CLIPPER ? "clipper" : "component of unknown kind"));
+const char* kind_name(int kind) {
+  switch (kind) {
+    case KEEL_COMPONENT_MODEL:
+      return "model";
+    case KEEL_COMPONENT_CLIPPER:
+      return "clipper";
+  }
+  return "component of unknown kind";
 }
 
-// A model extension of type T, checked to be on a model and at least `needed` bytes (the
-// size of ABI `abi`), zero-extended and cut from its chain.
+// An extension of type T for components of `kind`, checked to be on one and at least `needed`
+// bytes (the size of ABI `abi`), zero-extended and cut from its chain.
 template <class T>
-T read_model_extension(const keel_component& component, const keel_extension* e, const std::string& where,
-                       const char* what, size_t needed, const char* abi) {
-  require_model(component, where, what);
+T read_kind_extension(keel_component_kind kind, const keel_component& component, const keel_extension* e,
+                      const std::string& where, const char* what, size_t needed, const char* abi) {
+  if (component.kind != kind)
+    throw InputError(cat(where, ": the ", kind_name(kind), " ", what, " extension on a ", kind_name(component.kind)));
   if (e->struct_size < needed)
-    throw InputError(cat(where, ": the model ", what, " extension is ", e->struct_size,
+    throw InputError(cat(where, ": the ", kind_name(kind), " ", what, " extension is ", e->struct_size,
                          " bytes, this host needs at least ", needed, " (ABI ", abi, ")"));
   T out = copy_versioned<T>(e);
   out.base.next = nullptr;
   return out;
+}
+
+template <class T>
+T read_model_extension(const keel_component& component, const keel_extension* e, const std::string& where,
+                       const char* what, size_t needed, const char* abi) {
+  return read_kind_extension<T>(KEEL_COMPONENT_MODEL, component, e, where, what, needed, abi);
 }
 
 }  // namespace
@@ -198,6 +209,13 @@ ComponentExtensions read_extensions(const std::string& path, const keel_componen
                                                                            KEEL_MODEL_MEMORY_EXTENSION_SIZE_1_6, "1.6");
       if (out.model_memory.activation_bytes == nullptr)
         throw InputError(cat(where(index), ": the model memory extension has no activation_bytes function"));
+      continue;
+    }
+    if (e->type == KEEL_EXTENSION_CLIPPER_SHARDS) {
+      out.clipper_shards = read_kind_extension<keel_clipper_shards_extension>(
+          KEEL_COMPONENT_CLIPPER, component, e, where(index), "shards", KEEL_CLIPPER_SHARDS_EXTENSION_SIZE_1_7, "1.7");
+      if (out.clipper_shards.bind_gradient_shards == nullptr)
+        throw InputError(cat(where(index), ": the clipper shards extension has no bind_gradient_shards function"));
       continue;
     }
     if (e->type != KEEL_EXTENSION_MODEL_EXPORT) {

@@ -38,6 +38,9 @@ struct ComponentExtensions {
   keel_model_recompute_extension model_recompute{};
   /// KEEL_EXTENSION_MODEL_MEMORY (zero-extended), or empty (activation_bytes NULL) when absent.
   keel_model_memory_extension model_memory{};
+  /// KEEL_EXTENSION_CLIPPER_SHARDS (zero-extended), or empty (bind_gradient_shards NULL) when
+  /// absent.
+  keel_clipper_shards_extension clipper_shards{};
   /// KEEL_EXTENSION_CONFIG_KEYS: the keys the component reads, in its order; empty when it
   /// declares none (then nothing is checked).
   std::optional<std::vector<DeclaredConfigKey>> config_keys;
@@ -47,9 +50,9 @@ struct ComponentExtensions {
 
 /// Walks and validates the extension chain of `component` (from plugin `path`): at most
 /// KEEL_MAX_EXTENSIONS entries, each at least a keel_extension, no type twice, a known type
-/// complete and on the right kind of component (declared config keys: named [a-z0-9_]+, unique,
-/// of a known type, defaults of that type). A component older than 1.2 has none. Throws
-/// InputError naming the plugin, the component and the entry.
+/// complete and on the right kind of component (a model's or a clipper's; declared config keys: named [a-z0-9_]+,
+/// unique, of a known type, defaults of that type). A component older than 1.2 has none. Throws InputError naming the
+/// plugin, the component and the entry.
 ComponentExtensions read_extensions(const std::string& path, const keel_component& component);
 
 }  // namespace keel

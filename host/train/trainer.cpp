@@ -17,6 +17,7 @@
 #include "device/device.hpp"
 #include "memory/state_memory.hpp"
 #include "train/data_sources.hpp"
+#include "train/gradient_scatter.hpp"
 #include "train/replica_guard.hpp"
 
 namespace keel {
@@ -100,11 +101,36 @@ void Trainer::build_optimizer() {
           cat("optimizer state sharded over dp (dense) and edp (experts): each rank steps its range of every "
               "gradient bucket, then broadcasts its updated rows to the others (",
               gather_->buckets(), " bucket(s))"));
+    scatter_gradients();
   }
   schedule_ = std::make_unique<LrSchedule>(c.optimizer.lr, c.lr_scheduler.warmup_steps, c.training.steps,
                                            c.lr_scheduler.decay, c.lr_scheduler.min_lr_ratio);
   lr_ = at::full({}, schedule_->at(1), at::TensorOptions().dtype(at::kFloat).device(job_.device()));
   log_state_memory();
+}
+
+void Trainer::scatter_gradients() {
+  // The same decision on every rank: it reads only the config and the plugins.
+  const std::string why = why_gradients_stay_whole(job_.config(), job_.model(), job_.clipper());
+  Mesh& mesh = job_.mesh();
+  size_t scattered = 0;
+  if (why.empty()) {
+    std::vector<size_t> whole;
+    if (job_.model().vtable().pre_clip != nullptr) whole = replicated_parameters(params_, mesh.group(KEEL_GROUP_WORLD));
+    scattered = grads_->scatter(params_, whole);
+  }
+  // Bound on every rank alike, even one whose buckets all stay whole: the clipper's
+  // collectives must match across the world, and owned rows of a whole-reduced bucket are
+  // reduced too.
+  scatter_grads_ = why.empty();
+  if (mesh.layout().rank != 0 || grads_->collectives_per_step() == 0) return;
+  if (!why.empty())
+    log_info("gradients all-reduced whole: " + why);
+  else
+    log_info(cat("gradients reduce-scattered in ", scattered, " of ", grads_->collectives_per_step(), " bucket(s)",
+                 scattered < grads_->collectives_per_step()
+                     ? " (the others hold a parameter with a REPLICA copy, which pre_clip reads whole: all-reduced)"
+                     : ""));
 }
 
 void Trainer::log_state_memory() {
@@ -124,6 +150,10 @@ void Trainer::build_step_program() {
   const JobConfig& c = job_.config();
   for (const ParamRef& p : params_) param_infos_.push_back(p.info());
   job_.clipper().bind_model_parts(param_infos_);
+  if (scatter_grads_) {
+    owned_grads_ = owned_gradients(params_, optimizer_->pieces());
+    job_.clipper().bind_gradient_shards(owned_grads_.owners, owned_grads_.rows);
+  }
   CaptureDecision capture =
       decide_capture(c.optimizer.graph_capture, job_.device().is_cuda(), step_hooks(job_.model(), job_.clipper()));
   if (job_.mesh().layout().rank == 0 && (job_.device().is_cuda() || c.optimizer.graph_capture != "auto"))

@@ -25,6 +25,7 @@
 #include "optim/step_program.hpp"
 #include "pipeline/pipeline_runner.hpp"
 #include "train/evaluator.hpp"
+#include "train/gradient_scatter.hpp"
 #include "train/job.hpp"
 #include "train/train_state.hpp"
 
@@ -94,7 +95,8 @@ class Trainer {
   void init_parameters();
   void post_init();
   void build_optimizer();
-  void log_state_memory();  // [collective: world]
+  void scatter_gradients();  // [collective: world]
+  void log_state_memory();   // [collective: world]
   void build_step_program();
   void open_data();
   // The step.
@@ -123,6 +125,8 @@ class Trainer {
   std::unique_ptr<BatchStream> stream_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<ParameterGather> gather_;  ///< with parallelism.shard_optimizer
+  bool scatter_grads_ = false;               ///< the clipper clips owned rows (buckets may be reduce-scattered)
+  OwnedGradients owned_grads_;               ///< those rows
   std::unique_ptr<LrSchedule> schedule_;
   std::unique_ptr<StepProgram> program_;
   at::Tensor lr_;

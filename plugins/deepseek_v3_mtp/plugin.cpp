@@ -112,8 +112,8 @@ class DeepSeekV3 {
 
 }  // namespace
 
-KEEL_PLUGIN("deepseek_v3_mtp", "1.4.0",
+KEEL_PLUGIN("deepseek_v3_mtp", "1.5.0",
             keel::model_component<DeepSeekV3>("deepseek_v3_mtp",
                                               "DeepSeek-V3: MLA, DeepSeekMoE with aux-loss-free balancing, "
                                               "multi-token prediction",
-                                              KEEL_HOOK_PRE_CLIP_CAPTURE_SAFE))
+                                              KEEL_HOOK_PRE_CLIP_CAPTURE_SAFE | KEEL_HOOK_PRE_CLIP_REPLICAS_ONLY))

@@ -3,6 +3,10 @@
 // gradients are identical across dp after the reduction). Every gradient, replicas included,
 // is scaled by the same device-tensor coefficient min(1, max_norm / (total + 1e-6)). With no
 // replicas this is torch.nn.utils.clip_grad_norm_. No host synchronisation: capture-safe.
+// With reduce-scattered gradients (bind_gradient_shards) each rank holds reduced only the rows
+// its optimizer steps, and no row is any other rank's: the norm is the sum over the world of
+// every rank's owned non-REPLICA rows (each element counted once across dp, edp, ep and pp),
+// and only owned rows are scaled.
 // State (checkpointed under the clipper's name): how many steps it clipped and saw, device
 // counters updated without a host read (on a step the host skips, the host puts them back).
 #include <keel/keel.hpp>
@@ -44,17 +48,35 @@ class NormClipper {
     clipped_steps_ = clipped_steps_.to(device_);
   }
 
+  // From now on only these rows are clipped (the host reduce-scatters gradients).
+  void bind_gradient_shards(std::span<const keel::GradientShard> shards) {
+    sharded_ = true;
+    owned_.clear();
+    owned_counted_.clear();
+    for (const keel::GradientShard& shard : shards) {
+      owned_.push_back(*shard.rows);
+      if (!shard.param.replica()) owned_counted_.push_back(*shard.rows);
+    }
+  }
+
   keel::StateList state() { return {{"steps", &steps_}, {"clipped_steps", &clipped_steps_}}; }
 
   at::Tensor clip(std::span<const keel::ParamView>) {
     const keel_reduce_op op = inf_ ? KEEL_REDUCE_MAX : KEEL_REDUCE_SUM;
-    at::Tensor dense = partial(dense_);
-    at::Tensor expert = partial(expert_);
+    if (sharded_) {
+      at::Tensor total = partial(owned_counted_);
+      host_.all_reduce(host_.group(KEEL_GROUP_WORLD), total, op);
+      if (!inf_) total = total.sqrt();
+      scale(total, owned_);
+      return total;
+    }
+    at::Tensor dense = partial(grads_of(dense_));
+    at::Tensor expert = partial(grads_of(expert_));
     host_.all_reduce(host_.group(KEEL_GROUP_EP), expert, op);
     at::Tensor total = inf_ ? at::maximum(dense, expert) : dense + expert;  // a sum of squares for L2
     host_.all_reduce(host_.group(KEEL_GROUP_PP), total, op);
     if (!inf_) total = total.sqrt();
-    scale(total);
+    scale(total, grads_of(all_));
     return total;
   }
 
@@ -67,10 +89,9 @@ class NormClipper {
     return grads;
   }
 
-  // Sum of squares (or max of abs) of this rank's gradients in `params`, in fp32; a zero on
-  // the parameters' device when there are none.
-  at::Tensor partial(const std::vector<at::Tensor*>& params) const {
-    std::vector<at::Tensor> grads = grads_of(params);
+  // Sum of squares (or max of abs) of `grads`, in fp32; a zero on the parameters' device when
+  // there are none.
+  at::Tensor partial(const std::vector<at::Tensor>& grads) const {
     if (grads.empty()) return at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
     std::vector<at::Tensor> norms = at::_foreach_norm(grads, inf_ ? std::numeric_limits<double>::infinity() : 2.0);
     at::Tensor stacked = at::stack(norms).to(at::kFloat);
@@ -81,11 +102,10 @@ class NormClipper {
     return at::nan_to_num(stacked.max(), inf, inf, -inf);
   }
 
-  void scale(const at::Tensor& total) {
+  void scale(const at::Tensor& total, std::vector<at::Tensor> grads) {
     at::Tensor coef = (max_norm_ / (total + 1e-6)).clamp_max(1.0);
     steps_.add_(1.0);
     clipped_steps_.add_(coef.lt(1.0).to(at::kFloat));
-    std::vector<at::Tensor> grads = grads_of(all_);
     if (!grads.empty()) at::_foreach_mul_(grads, coef);
   }
 
@@ -94,13 +114,16 @@ class NormClipper {
   bool inf_ = false;
   at::Device device_{at::kCPU};
   std::vector<at::Tensor*> dense_, expert_, all_;
+  bool sharded_ = false;
+  std::vector<at::Tensor> owned_, owned_counted_;  ///< owned rows; those of non-REPLICA parameters
   at::Tensor steps_ = at::zeros({}, at::kFloat), clipped_steps_ = at::zeros({}, at::kFloat);
 };
 
 }  // namespace
 
-KEEL_PLUGIN("norm_clipper", "1.1.0",
-            keel::clipper_component<NormClipper>("norm_clipper",
-                                                 "Global-norm gradient clipping over logical parameters "
-                                                 "(REPLICA-aware, expert part over ep, all over pp)",
-                                                 KEEL_HOOK_CLIP_CAPTURE_SAFE))
+KEEL_PLUGIN("norm_clipper", "1.2.0",
+            keel::clipper_component<NormClipper>(
+                "norm_clipper",
+                "Global-norm gradient clipping over logical parameters "
+                "(REPLICA-aware, expert part over ep, all over pp; clips reduce-scattered rows)",
+                KEEL_HOOK_CLIP_CAPTURE_SAFE))

@@ -1,5 +1,5 @@
 // Plugins of every ABI minor load, train and (from 1.1) export in this host: the same raw-ABI
-// model and clipper built as 1.0 to 1.6 and a future 1.7 (tests/plugins/versioned_model.cpp),
+// model and clipper built as 1.0 to 1.7 and a future 1.8 (tests/plugins/versioned_model.cpp),
 // each with traps beyond its struct sizes that a host reading too far would trip over.
 #include <gtest/gtest.h>
 
@@ -64,8 +64,8 @@ TEST_P(AbiVersions, InspectListsExportAndIgnoredExtensions) {
   const bool exports = r.output.find("export_state") != std::string::npos;
   EXPECT_EQ(exports, GetParam() >= 1) << r.output;
   EXPECT_EQ(r.output.find("[extension; formats: hf]") != std::string::npos, GetParam() >= 2) << r.output;
-  // 0x7e57: the 1.7 plugin's extension that this host cannot know.
-  EXPECT_EQ(r.output.find("does not know (ignored): 32343") != std::string::npos, GetParam() == 7) << r.output;
+  // 0x7e57: the 1.8 plugin's extension that this host cannot know.
+  EXPECT_EQ(r.output.find("does not know (ignored): 32343") != std::string::npos, GetParam() == 8) << r.output;
   // From 1.3 the clipper declares its one key; the model declares none.
   const bool listed =
       r.output.find(
@@ -134,6 +134,37 @@ TEST(AbiVersions, RecomputeNamesAModelWithoutTheRecomputeExtension) {
   EXPECT_FALSE(std::filesystem::exists(dir / "run/metrics.jsonl"));
 }
 
+// Under a sharded optimizer at DP2, gradients are reduce-scattered only where the model's
+// pre_clip and the clipper allow it (SDK 1.7): a pre_clip without KEEL_HOOK_PRE_CLIP_REPLICAS_ONLY
+// (1.6) or a clipper without the shards extension keeps them whole, said in the log.
+TEST(AbiVersions, ShardedGradientsAreReduceScatteredOnlyWhereModelAndClipperAllowIt) {
+  const std::string sharded = " --set parallelism.dp=2 --set parallelism.shard_optimizer=true";
+  const std::string norm_clipper =
+      " --set clipper.plugin=\\\"norm_clipper\\\" --set clipper.component=\\\"norm_clipper\\\"";
+  struct Case {
+    std::string plugin, sets, expected;
+  };
+  const std::vector<Case> cases = {
+      {"versioned_1_6", norm_clipper,
+       "gradients all-reduced whole: model model (versioned_1_6) has a pre_clip hook without "
+       "KEEL_HOOK_PRE_CLIP_REPLICAS_ONLY (it may read any gradient)"},
+      {"versioned_1_7", "",
+       "gradients all-reduced whole: clipper clipper (versioned_1_7) offers no KEEL_EXTENSION_CLIPPER_SHARDS (it "
+       "clips whole gradients)"},
+      {"versioned_1_7", norm_clipper, "gradients reduce-scattered in 1 of 1 bucket(s)"},
+  };
+  for (const Case& c : cases) {
+    test::TempDir dir;
+    test::CommandResult r = test::run_command(test::source_dir() + "/tools/keel-launch --nproc 2 -- " +
+                                              versioned_job(dir, c.plugin, "") + sharded + c.sets);
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find(c.expected), std::string::npos) << c.plugin << c.sets << "\n" << r.output;
+    const std::string metrics = test::read_file(dir / "run/metrics.jsonl");
+    EXPECT_NE(metrics.find("\"step\":2"), std::string::npos) << metrics;
+    EXPECT_EQ(metrics.find("nan"), std::string::npos) << metrics;
+  }
+}
+
 TEST(HeaderExample, TheRawAbiClipperInKeelHTrainsTheTinyLlama) {
   test::TempDir dir;
   test::write_file(dir / "job.toml",
@@ -147,7 +178,7 @@ TEST(HeaderExample, TheRawAbiClipperInKeelHTrainsTheTinyLlama) {
   EXPECT_NE(test::read_file(dir / "run/metrics.jsonl").find("\"step\":3"), std::string::npos);
 }
 
-INSTANTIATE_TEST_SUITE_P(Minor, AbiVersions, ::testing::Values(0, 1, 2, 3, 4, 5, 6, 7),
+INSTANTIATE_TEST_SUITE_P(Minor, AbiVersions, ::testing::Values(0, 1, 2, 3, 4, 5, 6, 7, 8),
                          [](const ::testing::TestParamInfo<int>& info) { return "v1_" + std::to_string(info.param); });
 
 }  // namespace

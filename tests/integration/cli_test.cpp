@@ -31,7 +31,7 @@ log_interval = 2
 TEST(KeelTrain, VersionAndHelp) {
   auto version = test::run_command(test::bin_dir() + "/keel-train --version");
   EXPECT_EQ(version.status, 0);
-  EXPECT_HAS(version.output, "plugin ABI 1.6, LibTorch 2.15");
+  EXPECT_HAS(version.output, "plugin ABI 1.7, LibTorch 2.15");
   auto help = test::run_command(test::bin_dir() + "/keel-train --help");
   EXPECT_EQ(help.status, 0);
   EXPECT_HAS(help.output, "--dry-run");
@@ -106,9 +106,9 @@ TEST(KeelPlugin, InspectPrintsDescriptorAndRefusesNonPlugins) {
   auto ok =
       test::run_command(test::bin_dir() + "/keel-plugin inspect norm_clipper --plugin-path " + test::plugin_dir());
   ASSERT_EQ(ok.status, 0) << ok.output;
-  EXPECT_HAS(ok.output, "abi        1.6");
+  EXPECT_HAS(ok.output, "abi        1.7");
   EXPECT_HAS(ok.output, "clipper  norm_clipper");
-  EXPECT_HAS(ok.output, "clip [capture-safe]");
+  EXPECT_HAS(ok.output, "clip [capture-safe], state, gradient shards [extension]");
   // What the clipper reads, with defaults, before a user writes its table.
   EXPECT_HAS(ok.output,
              "config keys ([clipper.norm_clipper], or [clipper] beside plugin = ...):\n"
@@ -124,6 +124,7 @@ TEST(KeelPlugin, InspectPrintsDescriptorAndRefusesNonPlugins) {
       test::run_command(test::bin_dir() + "/keel-plugin inspect deepseek_v3_mtp --plugin-path " + test::plugin_dir());
   EXPECT_EQ(deepseek.status, 0) << deepseek.output;
   EXPECT_HAS(deepseek.output, "recompute [extension; modes: full, selective], activation estimate [extension]");
+  EXPECT_HAS(deepseek.output, "pre_clip [capture-safe, replicas only]");
   auto bad =
       test::run_command(test::bin_dir() + "/keel-plugin inspect " + test::test_plugin_dir() + "/not_a_plugin.so");
   EXPECT_EQ(bad.status, 2);

@@ -70,6 +70,19 @@ int main(int argc, char** argv) {
     keel::check(context.raw()->api->reduce_scatter(context.raw(), g, keel::handle(slice), keel::handle(input),
                                                    KEEL_REDUCE_SUM, nullptr));
     expect(slice[0].item<double>() == 2.0 * me * n, "reduce_scatter");
+    // The host's own reduce-scatter in place, uneven: member j receives j elements (member 0
+    // none), the rest keeps this rank's values.
+    {
+      std::vector<int64_t> cuts{0};
+      for (int j = 0; j < n; ++j) cuts.push_back(cuts.back() + j);
+      at::Tensor flat = at::full({cuts.back()}, static_cast<double>(rank_ + 1), at::kDouble);
+      std::unique_ptr<keel::Work> work = mesh.group(kind).reduce_scatter_async(flat, cuts, KEEL_REDUCE_SUM);
+      if (work) work->wait();
+      for (int64_t i = 0; i < flat.numel(); ++i) {
+        const bool mine_row = i >= cuts[static_cast<size_t>(me)] && i < cuts[static_cast<size_t>(me) + 1];
+        expect(flat[i].item<double>() == (mine_row ? sum + n : rank_ + 1.0), "reduce_scatter_async");
+      }
+    }
     // All-to-all with uneven splits: member i sends i + 1 rows to every member.
     std::vector<int64_t> in_splits(static_cast<size_t>(n), me + 1), out_splits;
     for (int i = 0; i < n; ++i) out_splits.push_back(i + 1);

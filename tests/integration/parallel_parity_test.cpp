@@ -64,31 +64,40 @@ test::StateComparison compare_runs(const std::string& layout, const JobRun& run,
   return c;
 }
 
-// The layout's run matches the single-rank run within the error model.
-void expect_parity(const std::string& layout, int ranks, const std::vector<std::string>& sets,
-                   const std::string& job = kJob) {
+// The run a layout is compared with: the single-rank run unless named otherwise.
+struct Reference {
+  int ranks = 1;
+  std::vector<std::string> sets;
+};
+
+// The layout's run matches the reference run within the error model; returns the layout's run.
+JobRun expect_parity(const std::string& layout, int ranks, const std::vector<std::string>& sets,
+                     const std::string& job = kJob, const Reference& reference = {}) {
   test::TempDir dir;
-  JobRun single = train(dir, "single", 1, {}, job);
-  ASSERT_EQ(single.result.status, 0) << single.result.output;
+  JobRun single = train(dir, "reference", reference.ranks, reference.sets, job);
+  EXPECT_EQ(single.result.status, 0) << single.result.output;
   JobRun parallel = train(dir, "parallel", ranks, sets, job);
-  ASSERT_EQ(parallel.result.status, 0) << parallel.result.output;
+  EXPECT_EQ(parallel.result.status, 0) << parallel.result.output;
+  if (single.result.status != 0 || parallel.result.status != 0) return parallel;
   EXPECT_NE(parallel.result.output.find("replica guard: 10 check(s), every copy of every parameter bitwise equal"),
             std::string::npos)
       << parallel.result.output;
 
-  ASSERT_EQ(single.loss.size(), 10u);
-  ASSERT_EQ(parallel.loss.size(), 10u);
+  EXPECT_EQ(single.loss.size(), 10u);
+  EXPECT_EQ(parallel.loss.size(), 10u);
+  if (single.loss.size() != 10u || parallel.loss.size() != 10u) return parallel;
   for (size_t s = 0; s < 10; ++s) {
     EXPECT_GT(single.grad_norm[s], kMaxNorm) << "clipping must bite at step " << s + 1;
     EXPECT_NEAR(parallel.loss[s], single.loss[s], test::kLossRtol * single.loss[s]) << layout << " step " << s + 1;
     EXPECT_NEAR(parallel.grad_norm[s], single.grad_norm[s], test::kLossRtol * single.grad_norm[s])
         << layout << " step " << s + 1;
   }
-  ASSERT_FALSE(single.state.empty());
+  EXPECT_FALSE(single.state.empty());
   bool scalars_within = false;
   test::StateComparison c = compare_runs(layout, parallel, single, scalars_within);
   EXPECT_TRUE(c.failures.empty()) << layout << ":\n" << joined(c.failures);
   EXPECT_EQ(c.compared, single.state.size());
+  return parallel;
 }
 
 TEST(ParallelParity, Pp2MatchesTheSingleRankRun) { expect_parity("PP2", 2, {"parallelism.pp=2"}); }
@@ -129,6 +138,38 @@ TEST(ParallelParity, InterleavedPp2Dp2Ep2MatchesTheSingleRankRun) {
   expect_parity("PP2 DP2 EP2 v2", 4,
                 {"parallelism.pp=2", "parallelism.dp=2", "parallelism.ep=2", "parallelism.schedule=interleaved_1f1b",
                  "parallelism.stages_per_rank=2"});
+}
+
+// The sharded optimizer with reduce-scattered gradients against the unsharded optimizer of the
+// same layout. The clipper sums the norm from each rank's owned rows, in another order than
+// the unsharded sum, so the two agree within the error model rather than bitwise (with whole
+// gradients the sharded optimizer is bitwise the unsharded one: sharded_optimizer_test.cpp).
+void expect_reduce_scatter_parity(const std::string& layout, int ranks, const std::vector<std::string>& sets,
+                                  const std::string& scattered) {
+  std::vector<std::string> sharded = sets;
+  sharded.push_back("parallelism.shard_optimizer=true");
+  const JobRun run = expect_parity(layout, ranks, sharded, kJob, {ranks, sets});
+  EXPECT_NE(run.result.output.find("gradients reduce-scattered in " + scattered), std::string::npos)
+      << run.result.output;
+}
+
+TEST(ParallelParity, ReduceScatteredDp2MatchesTheUnshardedOptimizer) {
+  expect_reduce_scatter_parity("DP2 RS", 2, {"parallelism.dp=2"}, "2 of 2 bucket(s)\n");
+}
+
+TEST(ParallelParity, ReduceScatteredDp4Ep2MatchesTheUnshardedOptimizer) {
+  // A bucket per parameter: cuts inside nearly every parameter, experts over edp = 2.
+  expect_reduce_scatter_parity("DP4 EP2 RS", 4,
+                               {"parallelism.dp=4", "parallelism.ep=2", "parallelism.grad_bucket_mb=0"},
+                               "83 of 83 bucket(s)\n");
+}
+
+TEST(ParallelParity, ReduceScatteredPp2Dp2Ep2MatchesTheUnshardedOptimizer) {
+  // A bucket per parameter: the embedding's and its REPLICA's stay all-reduced (pre_clip sums
+  // them whole), every other dense one is reduce-scattered.
+  expect_reduce_scatter_parity(
+      "PP2 DP2 EP2 RS", 4, {"parallelism.pp=2", "parallelism.dp=2", "parallelism.ep=2", "parallelism.grad_bucket_mb=0"},
+      "25 of 26 bucket(s) (the others hold a parameter with a REPLICA copy");
 }
 
 TEST(ParallelParity, GPipeAndOneFOneBAreBitwiseIdentical) {

@@ -1,10 +1,14 @@
 // The sharded optimizer (parallelism.shard_optimizer, ZeRO-1) against the unsharded one: each
 // member of a dp/edp group steps only its rows of the gradient buckets, then the rows are
 // all-gathered. The cuts keep ATen's fused AdamW on the same per-element code path
-// (optim/optimizer_shards.hpp), so the runs must agree bitwise: losses, grad norms, the final
-// state and every checkpoint entry (the moments saved as row pieces by several ranks,
+// (optim/optimizer_shards.hpp), so with gradients all-reduced whole
+// (parallelism.reduce_scatter_grads = false) the runs must agree bitwise: losses, grad norms,
+// the final state and every checkpoint entry (the moments saved as row pieces by several ranks,
 // consolidated under their canonical keys). The replica guard checks every copy of every
 // parameter after every step. Checkpoints resume across sharded and unsharded runs.
+// Reduce-scattered gradients sum the norm in another order, so they are compared with the
+// unsharded optimizer under the error model instead (parallel_parity_test.cpp); here a
+// reduce-scattered run resumes bitwise.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -22,6 +26,7 @@ using test::JobRun;
 // checkpoint every 3 steps.
 const std::string kJob = test::tiny_deepseek_job("interval = 3\n");
 const std::string kSharded = "parallelism.shard_optimizer=true";
+const std::string kWhole = "parallelism.reduce_scatter_grads=false";
 
 std::vector<std::string> with(std::vector<std::string> sets, const std::vector<std::string>& more) {
   sets.insert(sets.end(), more.begin(), more.end());
@@ -76,10 +81,12 @@ void expect_same_state(const JobRun& a, const JobRun& b, const std::string& labe
 void expect_sharding_is_bitwise_the_same(const std::string& label, int ranks, const std::vector<std::string>& layout) {
   test::TempDir dir;
   const JobRun whole = test::run_job(dir, "whole", ranks, kJob, layout);
-  const JobRun sharded = test::run_job(dir, "sharded", ranks, kJob, with(layout, {kSharded}));
+  const JobRun sharded = test::run_job(dir, "sharded", ranks, kJob, with(layout, {kSharded, kWhole}));
   ASSERT_EQ(whole.result.status, 0) << whole.result.output;
   ASSERT_EQ(sharded.result.status, 0) << sharded.result.output;
   EXPECT_TRUE(has(sharded, "optimizer state sharded over dp (dense) and edp (experts)")) << sharded.result.output;
+  EXPECT_TRUE(has(sharded, "gradients all-reduced whole: parallelism.reduce_scatter_grads = false"))
+      << sharded.result.output;
   EXPECT_FALSE(has(whole, "optimizer state sharded"));
   expect_same_steps(whole, sharded, 0, label);
   expect_same_state(whole, sharded, label);
@@ -110,11 +117,11 @@ TEST(ShardedOptimizer, CheckpointsResumeShardedToUnshardedToSharded) {
   // run's step 6: every step and the final state as the uninterrupted sharded run's.
   const std::vector<std::string> layout = {"parallelism.pp=2", "parallelism.dp=2", "parallelism.ep=2"};
   test::TempDir dir;
-  const JobRun sharded = test::run_job(dir, "sharded", 4, kJob, with(layout, {kSharded}));
+  const JobRun sharded = test::run_job(dir, "sharded", 4, kJob, with(layout, {kSharded, kWhole}));
   ASSERT_EQ(sharded.result.status, 0) << sharded.result.output;
   const JobRun unsharded = test::run_job(dir, "unsharded", 4, kJob, with(layout, {load(sharded, 3)}));
   ASSERT_EQ(unsharded.result.status, 0) << unsharded.result.output;
-  const JobRun again = test::run_job(dir, "again", 4, kJob, with(layout, {kSharded, load(unsharded, 6)}));
+  const JobRun again = test::run_job(dir, "again", 4, kJob, with(layout, {kSharded, kWhole, load(unsharded, 6)}));
   ASSERT_EQ(again.result.status, 0) << again.result.output;
   EXPECT_TRUE(has(again, "resuming after step 6")) << again.result.output;
   expect_same_steps(sharded, unsharded, 3, "unsharded after step 3");
@@ -125,6 +132,22 @@ TEST(ShardedOptimizer, CheckpointsResumeShardedToUnshardedToSharded) {
   std::printf(
       "SHARDED_RESUME | PP2 DP2 EP2 | sharded -> unsharded (step 3) -> sharded (step 6): steps 4-10 and the final "
       "state bitwise the uninterrupted sharded run's\n");
+}
+
+TEST(ShardedOptimizer, AReduceScatteredRunResumesBitwise) {
+  // Reduce-scattered from step 0, and again from its own step 6: steps 7-10, the final state and
+  // the last checkpoint bitwise the uninterrupted run's.
+  const std::vector<std::string> layout = {"parallelism.pp=2", "parallelism.dp=2", "parallelism.ep=2", kSharded};
+  test::TempDir dir;
+  const JobRun scattered = test::run_job(dir, "scattered", 4, kJob, layout);
+  ASSERT_EQ(scattered.result.status, 0) << scattered.result.output;
+  EXPECT_TRUE(has(scattered, "gradients reduce-scattered in ")) << scattered.result.output;
+  const JobRun resumed = test::run_job(dir, "resumed", 4, kJob, with(layout, {load(scattered, 6)}));
+  ASSERT_EQ(resumed.result.status, 0) << resumed.result.output;
+  EXPECT_TRUE(has(resumed, "resuming after step 6")) << resumed.result.output;
+  expect_same_steps(scattered, resumed, 6, "reduce-scattered, resumed after step 6");
+  expect_same_state(scattered, resumed, "reduce-scattered, resumed");
+  expect_same_entries(scattered.dir + "/checkpoints/step-9", resumed.dir + "/checkpoints/step-9");
 }
 
 TEST(ShardedOptimizer, ACheckpointOfAnotherLayoutResumesSharded) {

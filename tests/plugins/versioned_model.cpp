@@ -1,5 +1,5 @@
 // One trainable model and one clipper on the raw ABI, built once per ABI minor to prove that
-// plugins of every minor load and train in this host (KEEL_TEST_MINOR = 0 to 7):
+// plugins of every minor load and train in this host (KEEL_TEST_MINOR = 0 to 8):
 //   1.0: component and model vtable end where 1.0 ended; what lies beyond them (an export
 //        function, an extension chain) are traps a host reading past struct_size would use.
 //   1.1: the model vtable carries export_state.
@@ -9,7 +9,10 @@
 //   1.5: as 1.4, and the model reports its loss per token as a ratio (report_metric_ratio,
 //        after checking the host's api is that large).
 //   1.6: as 1.5 (its model does not recompute: a host must not ask it to).
-//   1.7: a newer plugin: a larger component struct and an extension this host cannot know,
+//   1.7: as 1.6, and the model's pre_clip (a no-op in every minor) declares
+//        KEEL_HOOK_PRE_CLIP_REPLICAS_ONLY; the clipper offers no shards extension (a host must
+//        keep gradients whole for it).
+//   1.8: a newer plugin: a larger component struct and an extension this host cannot know,
 //        listed before the export extension.
 // The model is a bigram language model (an embedding and an output head, one stage).
 #include <ATen/ATen.h>
@@ -175,9 +178,18 @@ constexpr keel_status (*kVtableExport)(keel_model*, const char*, const keel_name
                                        const keel_export_sink*) = nullptr;
 #endif
 
-const keel_model_vtable model_vtable = {
-    kModelVtableSize, create,  destroy, info,    build_part, parameters, buffers,
-    init_weights,     forward, nullptr, nullptr, nullptr,    0,          kVtableExport};
+// Touches no gradient: a model hook a host must still treat as reading every gradient unless
+// it declares otherwise (1.7).
+keel_status pre_clip(keel_model*) { return KEEL_OK; }
+#if KEEL_TEST_MINOR >= 7
+constexpr uint32_t kHookFlags = KEEL_HOOK_PRE_CLIP_REPLICAS_ONLY;
+#else
+constexpr uint32_t kHookFlags = 0;
+#endif
+
+const keel_model_vtable model_vtable = {kModelVtableSize, create,  destroy,      info,         build_part,
+                                        parameters,       buffers, init_weights, forward,      nullptr,
+                                        pre_clip,         nullptr, kHookFlags,   kVtableExport};
 const keel_clipper_vtable clipper_vtable = {
     sizeof(keel_clipper_vtable), clipper_create, clipper_destroy, nullptr, clip, nullptr, 0};
 
@@ -216,7 +228,7 @@ const keel_extension* const kClipperExtensions = nullptr;
 #if KEEL_TEST_MINOR == 0 || KEEL_TEST_MINOR == 1
 constexpr size_t kComponentSize = KEEL_COMPONENT_SIZE_1_0;
 const keel_extension* const kExtensions = &export_extension.base;  // beyond struct_size: a trap
-#elif KEEL_TEST_MINOR >= 2 && KEEL_TEST_MINOR <= 6
+#elif KEEL_TEST_MINOR >= 2 && KEEL_TEST_MINOR <= 7
 constexpr size_t kComponentSize = KEEL_COMPONENT_SIZE_1_2;
 const keel_extension* const kExtensions = &export_extension.base;
 #else

@@ -113,6 +113,8 @@ INSTANTIATE_TEST_SUITE_P(
              "expected a boolean"},
         Case{"shard_optimizer_as_number", kModel + "[parallelism]\nshard_optimizer = 1\n", "job.toml:4",
              "parallelism.shard_optimizer", "expected a boolean"},
+        Case{"reduce_scatter_grads_as_string", kModel + "[parallelism]\nreduce_scatter_grads = \"yes\"\n", "job.toml:4",
+             "parallelism.reduce_scatter_grads", "expected a boolean"},
         Case{"min_lr_ratio_out_of_range", kModel + "[lr_scheduler]\nmin_lr_ratio = 2.0\n", "job.toml:4",
              "lr_scheduler.min_lr_ratio", "must be in [0, 1]"},
         Case{"threads_beyond_int", kModel + "[training]\nthreads = 4294967298\n", "job.toml:4", "training.threads",

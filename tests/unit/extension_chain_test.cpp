@@ -161,5 +161,31 @@ TEST(ExtensionChain, MemoryIsFoundWhenCompleteAndRefusedWhenIncompleteOrMisplace
   EXPECT_NE(refusal(clipper).find("the model memory extension on a clipper"), std::string::npos);
 }
 
+// ABI 1.7: the clipper shards extension is kept when complete, refused naming what is missing,
+// and only on a clipper.
+keel_status bind_shards(keel_clipper*, const keel_param_info* const*, keel_tensor* const*, size_t) { return KEEL_OK; }
+
+TEST(ExtensionChain, ClipperShardsAreFoundWhenCompleteAndRefusedWhenIncompleteOrMisplaced) {
+  keel_clipper_shards_extension whole{{sizeof(keel_clipper_shards_extension), KEEL_EXTENSION_CLIPPER_SHARDS, nullptr},
+                                      bind_shards};
+  keel_component clipper = model_with(&whole.base);
+  clipper.kind = KEEL_COMPONENT_CLIPPER;
+  ComponentExtensions found = read_extensions("p.so", clipper);
+  EXPECT_EQ(found.clipper_shards.bind_gradient_shards, &bind_shards);
+
+  keel_clipper_shards_extension short_one = whole;
+  short_one.base.struct_size = sizeof(keel_extension);
+  clipper.extensions = &short_one.base;
+  EXPECT_NE(refusal(clipper).find("the clipper shards extension is " + std::to_string(sizeof(keel_extension)) +
+                                  " bytes, this host needs at least " +
+                                  std::to_string(KEEL_CLIPPER_SHARDS_EXTENSION_SIZE_1_7) + " (ABI 1.7)"),
+            std::string::npos);
+  keel_clipper_shards_extension no_function = whole;
+  no_function.bind_gradient_shards = nullptr;
+  clipper.extensions = &no_function.base;
+  EXPECT_NE(refusal(clipper).find("has no bind_gradient_shards function"), std::string::npos);
+  EXPECT_NE(refusal(model_with(&whole.base)).find("the clipper shards extension on a model"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace keel

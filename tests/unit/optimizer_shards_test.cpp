@@ -9,6 +9,7 @@
 #include "optim/adamw.hpp"
 #include "optim/optimizer_shards.hpp"
 #include "param_refs.hpp"
+#include "train/gradient_scatter.hpp"
 
 namespace keel {
 namespace {
@@ -141,6 +142,33 @@ TEST(OptimizerShards, AdamWOverPiecesIsBitwiseAdamWOverTheWhole) {
       EXPECT_TRUE(at::equal(m->exp_avg()[k], AdamW::piece_of(reference.exp_avg()[piece.param], piece)));
       EXPECT_TRUE(at::equal(m->exp_avg_sq()[k], AdamW::piece_of(reference.exp_avg_sq()[piece.param], piece)));
     }
+}
+
+// What a clipper of reduce-scattered gradients receives: one flat view per piece, aliasing the
+// rows of the parameter's gradient that the member steps, the pieces of all members covering
+// every gradient element once.
+TEST(OptimizerShards, OwnedGradientsAreViewsOfEachMembersRows) {
+  Params p({{100, 64}, {7}, {3, 5}, {0}, {256}, {33, 12}});
+  for (at::Tensor& t : p.tensors) t.mutable_grad() = at::arange(t.numel(), at::kFloat).view(t.sizes());
+  const BucketLayout layout = plan_buckets(p.refs, 4096);
+  int64_t covered = 0, total = 0;
+  for (const at::Tensor& t : p.tensors) total += t.numel();
+  for (int j = 0; j < 3; ++j) {
+    const std::vector<OptimPiece> pieces = optimizer_pieces(layout, p.refs, true, {3, j}, {1, 0});
+    OwnedGradients owned = owned_gradients(p.refs, pieces);
+    ASSERT_EQ(owned.rows.size(), pieces.size());
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const at::Tensor& grad = p.tensors[pieces[i].param].grad();
+      EXPECT_EQ(owned.owners[i], p.refs[pieces[i].param].info());
+      EXPECT_EQ(owned.rows[i].dim(), 1);
+      EXPECT_TRUE(at::equal(owned.rows[i], AdamW::piece_of(grad, pieces[i]).reshape({-1})));
+      owned.rows[i].fill_(-1);  // a view: the gradient's rows change with it
+      EXPECT_TRUE(AdamW::piece_of(grad, pieces[i]).eq(-1).all().item<bool>());
+      covered += owned.rows[i].numel();
+    }
+  }
+  EXPECT_EQ(covered, total);
+  for (const at::Tensor& t : p.tensors) EXPECT_TRUE(t.grad().eq(-1).all().item<bool>());
 }
 
 }  // namespace

@@ -47,6 +47,9 @@ class ThreadGroup final : public Group {
   std::unique_ptr<Work> isend(const at::Tensor&, int, int) override { unused(); }
   std::unique_ptr<Work> irecv(at::Tensor&, int, int) override { unused(); }
   std::unique_ptr<Work> all_reduce_async(at::Tensor&, keel_reduce_op) override { unused(); }
+  std::unique_ptr<Work> reduce_scatter_async(at::Tensor&, const std::vector<int64_t>&, keel_reduce_op) override {
+    unused();
+  }
 
  private:
   [[noreturn]] static void unused() { throw std::logic_error("ThreadGroup: only all_gather is implemented"); }

@@ -32,7 +32,12 @@ std::string hooks(const keel_component& c, const keel::ComponentExtensions& exte
   if (c.kind == KEEL_COMPONENT_MODEL) {
     auto* v = static_cast<const keel_model_vtable*>(c.vtable);
     tag("post_init", v->post_init != nullptr, false);
-    tag("pre_clip", v->pre_clip != nullptr, (v->hook_flags & KEEL_HOOK_PRE_CLIP_CAPTURE_SAFE) != 0);
+    if (v->pre_clip != nullptr) {
+      std::vector<std::string> flags;
+      if ((v->hook_flags & KEEL_HOOK_PRE_CLIP_CAPTURE_SAFE) != 0) flags.push_back("capture-safe");
+      if ((v->hook_flags & KEEL_HOOK_PRE_CLIP_REPLICAS_ONLY) != 0) flags.push_back("replicas only");
+      out.push_back(flags.empty() ? "pre_clip" : keel::cat("pre_clip [", keel::join(flags, ", "), "]"));
+    }
     tag("post_step", v->post_step != nullptr, false);
     // Appended in ABI 1.1 (an older plugin's vtable ends before it); an extension from 1.2.
     const bool legacy_export = v->struct_size >= KEEL_MODEL_VTABLE_SIZE_1_1 && v->export_state != nullptr;
@@ -57,6 +62,7 @@ std::string hooks(const keel_component& c, const keel::ComponentExtensions& exte
     tag("bind_model_parts", v->bind_model_parts != nullptr, false);
     tag("clip", true, (v->hook_flags & KEEL_HOOK_CLIP_CAPTURE_SAFE) != 0);
     tag("state", v->state != nullptr, false);
+    if (extensions.clipper_shards.bind_gradient_shards != nullptr) out.push_back("gradient shards [extension]");
   }
   return out.empty() ? "none" : keel::join(out, ", ");
 }

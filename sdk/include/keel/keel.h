@@ -27,6 +27,9 @@
  *     by its tokens over microbatches and ranks). 1.6: KEEL_EXTENSION_MODEL_RECOMPUTE (a
  *     model recomputes activations in backward instead of keeping them; keel/recompute.hpp)
  *     and KEEL_EXTENSION_MODEL_MEMORY (a model estimates the activations a forward keeps).
+ *     1.7: KEEL_HOOK_PRE_CLIP_REPLICAS_ONLY (a model's pre_clip reads only REPLICA copies and
+ *     their owners) and KEEL_EXTENSION_CLIPPER_SHARDS (a clipper clips reduce-scattered
+ *     gradients: each rank holds the reduced rows it steps).
  *
  * Ownership and lifetime:
  *   - Every pointer handed across the boundary is borrowed for the duration of the call unless
@@ -134,7 +137,7 @@ extern "C" {
 /* ---------------------------------------------------------------- versions and basics */
 
 #define KEEL_ABI_MAJOR 1
-#define KEEL_ABI_MINOR 6
+#define KEEL_ABI_MINOR 7
 
 /* The size of struct T up to and including `last_field`: the minimum struct_size a receiver
  * needs when it reads fields up to that one (sizeof(T) may add trailing padding). */
@@ -432,7 +435,14 @@ typedef struct keel_forward_outputs {
 #define KEEL_FORWARD_INPUTS_SIZE_1_0 KEEL_STRUCT_SIZE(keel_forward_inputs, num_microbatches)
 #define KEEL_FORWARD_OUTPUTS_SIZE_1_0 KEEL_STRUCT_SIZE(keel_forward_outputs, loss_sum)
 
-enum { KEEL_HOOK_PRE_CLIP_CAPTURE_SAFE = 1u << 0, KEEL_HOOK_CLIP_CAPTURE_SAFE = 1u << 1 };
+enum {
+  KEEL_HOOK_PRE_CLIP_CAPTURE_SAFE = 1u << 0,
+  KEEL_HOOK_CLIP_CAPTURE_SAFE = 1u << 1,
+  /* (1.7) pre_clip reads and writes only the gradients of REPLICA copies and of their owners;
+   * the host may then reduce-scatter every other gradient (only the rows a rank's optimizer
+   * steps are reduced there). Without it, a model with pre_clip sees every gradient whole. */
+  KEEL_HOOK_PRE_CLIP_REPLICAS_ONLY = 1u << 2
+};
 
 /* Where export_state() hands what it produces (since 1.1). Host-owned, borrowed for the call.
  * Each callback takes what it receives before returning (the host keeps its own reference to
@@ -553,7 +563,8 @@ enum {
   KEEL_EXTENSION_CONFIG_KEYS = 2,     /* keel_config_keys_extension, on any component (1.3)    */
   KEEL_EXTENSION_MODEL_IMPORT = 3,    /* keel_model_import_extension, on a MODEL component (1.4) */
   KEEL_EXTENSION_MODEL_RECOMPUTE = 4, /* keel_model_recompute_extension, on a MODEL component (1.6) */
-  KEEL_EXTENSION_MODEL_MEMORY = 5     /* keel_model_memory_extension, on a MODEL component (1.6)    */
+  KEEL_EXTENSION_MODEL_MEMORY = 5,    /* keel_model_memory_extension, on a MODEL component (1.6)    */
+  KEEL_EXTENSION_CLIPPER_SHARDS = 6   /* keel_clipper_shards_extension, on a CLIPPER component (1.7) */
 };
 
 /* Model export (the 1.1 vtable field export_state, as an extension). */
@@ -702,6 +713,25 @@ typedef struct keel_model_memory_extension {
 } keel_model_memory_extension;
 
 #define KEEL_MODEL_MEMORY_EXTENSION_SIZE_1_6 KEEL_STRUCT_SIZE(keel_model_memory_extension, activation_bytes)
+
+/* Clipping reduce-scattered gradients (1.7). With the optimizer state sharded over dp/edp, the
+ * host may reduce each gradient bucket only into the rows the rank steps: the rest of a
+ * gradient then holds this rank's unreduced partial sums, which a clipper must neither count
+ * nor scale. A clipper offering this extension is told which rows are its own; one without it
+ * keeps every gradient whole (all-reduced). */
+typedef struct keel_clipper_shards_extension {
+  keel_extension base; /* type = KEEL_EXTENSION_CLIPPER_SHARDS                               */
+  /* Called after bind_model_parts, before the first step: from then on clip() counts and
+   * scales only the `count` views `owned`, owned[i] a flat view into the gradient of the host
+   * record owners[i]: the reduced rows this rank's optimizer steps (REPLICA copies included).
+   * No gradient element is in two ranks' views, so a norm is a sum (or max) over the whole
+   * world, REPLICA rows still left out by their record's flag. Both arrays live as long as
+   * the clipper. [once][setup] */
+  keel_status (*bind_gradient_shards)(keel_clipper* clipper, const keel_param_info* const* owners,
+                                      keel_tensor* const* owned, size_t count);
+} keel_clipper_shards_extension;
+
+#define KEEL_CLIPPER_SHARDS_EXTENSION_SIZE_1_7 KEEL_STRUCT_SIZE(keel_clipper_shards_extension, bind_gradient_shards)
 
 /* ---------------------------------------------------------------- the descriptor */
 

@@ -28,6 +28,14 @@ namespace keel {
 /// must stay where they are (the host copies a checkpoint into them).
 using StateList = std::vector<std::pair<std::string, at::Tensor*>>;
 
+/// The reduced rows of one parameter's gradient that this rank's optimizer steps, when the
+/// host reduce-scatters gradients (keel_clipper_shards_extension): `rows` is a flat view into
+/// the gradient, `param` the parameter it belongs to.
+struct GradientShard {
+  ParamView param;
+  at::Tensor* rows;
+};
+
 namespace detail {
 
 // Builds a component object: through T::create(host, config) when T has one, else T(host, config).
@@ -156,6 +164,7 @@ struct ClipperHolder : Holder<C> {
   StateList state;
   std::vector<keel_named_tensor> named;
   std::vector<const keel_named_tensor*> named_pointers;
+  std::vector<GradientShard> shards;
 };
 
 template <class C>
@@ -183,6 +192,15 @@ struct ClipperAdapter {
   }
   static keel_status bind_model_parts(keel_clipper* c, const keel_param_info* const* params, size_t count) {
     return guard(holder(c).host.raw(), [&] { bind(holder(c), params, count); });
+  }
+  static keel_status bind_gradient_shards(keel_clipper* c, const keel_param_info* const* owners,
+                                          keel_tensor* const* owned, size_t count) {
+    H& h = holder(c);
+    return guard(h.host.raw(), [&] {
+      h.shards.clear();
+      for (size_t i = 0; i < count; ++i) h.shards.push_back({ParamView(owners[i]), &tensor(owned[i])});
+      h.object->bind_gradient_shards(std::span<const GradientShard>(h.shards));
+    });
   }
   static keel_status clip(keel_clipper* c, const keel_param_info* const* params, size_t count,
                           keel_tensor* total_norm) {
@@ -328,6 +346,27 @@ const keel_extension* with_memory(const keel_extension* next) {
   }
 }
 
+template <class C>
+constexpr bool has_gradient_shards = requires(C& c, std::span<const GradientShard> shards) {
+  c.bind_gradient_shards(shards);
+};
+
+// The shards extension of C chained in front of `next` when C clips reduce-scattered gradients.
+template <class C>
+const keel_extension* with_gradient_shards(const keel_extension* next) {
+  if constexpr (has_gradient_shards<C>) {
+    static const keel_clipper_shards_extension shards_extension = [next] {
+      keel_clipper_shards_extension e{};
+      e.base = {sizeof(keel_clipper_shards_extension), KEEL_EXTENSION_CLIPPER_SHARDS, next};
+      e.bind_gradient_shards = &ClipperAdapter<C>::bind_gradient_shards;
+      return e;
+    }();
+    return &shards_extension.base;
+  } else {
+    return next;
+  }
+}
+
 }  // namespace detail
 
 /// The MODEL component of class M. M provides:
@@ -400,8 +439,12 @@ const keel_component* model_component(const char* name, const char* description,
 ///   at::Tensor clip(std::span<const keel::ParamView>);
 /// and optionally void bind(std::span<const keel::ParamView>) (once, before the first clip,
 /// with the views clip() then receives every step: sort them into static lists there) and
-/// keel::StateList state(), and static std::vector<keel::ConfigKey> config_keys() declaring
-/// every key it reads. Every member function is called on the train thread.
+/// keel::StateList state(), static std::vector<keel::ConfigKey> config_keys() declaring
+/// every key it reads, and void bind_gradient_shards(std::span<const keel::GradientShard>)
+/// (once, after bind: from then on clip() counts and scales only those rows, summing its norm
+/// over the world; offered as KEEL_EXTENSION_CLIPPER_SHARDS, which lets the host
+/// reduce-scatter gradients under a sharded optimizer). Every member function is called on the
+/// train thread.
 template <class C>
 const keel_component* clipper_component(const char* name, const char* description, uint32_t hook_flags = 0) {
   using A = detail::ClipperAdapter<C>;
@@ -416,8 +459,12 @@ const keel_component* clipper_component(const char* name, const char* descriptio
     v.hook_flags = hook_flags;
     return v;
   }();
-  static const keel_component component{
-      sizeof(keel_component), KEEL_COMPONENT_CLIPPER, name, description, &vtable, detail::with_config_keys<C>(nullptr)};
+  static const keel_component component{sizeof(keel_component),
+                                        KEEL_COMPONENT_CLIPPER,
+                                        name,
+                                        description,
+                                        &vtable,
+                                        detail::with_config_keys<C>(detail::with_gradient_shards<C>(nullptr))};
   return &component;
 }
 

@@ -13,7 +13,10 @@
 //   post_init:   replicas_.post_init(host_, /*shared=*/config says a replica exists);
 //   pre_clip:    replicas_.pre_clip(host_);
 // pre_clip is capture-safe (no host sync, no allocation: the same collectives on the same
-// tensors every step), so a model may declare KEEL_HOOK_PRE_CLIP_CAPTURE_SAFE.
+// tensors every step), so a model may declare KEEL_HOOK_PRE_CLIP_CAPTURE_SAFE; it reads only
+// the copies' gradients, so a model whose pre_clip does nothing else may also declare
+// KEEL_HOOK_PRE_CLIP_REPLICAS_ONLY (the host then reduce-scatters the other gradients when
+// the optimizer is sharded, and all-reduces the copies' buckets whole).
 #pragma once
 
 #include <ATen/ATen.h>
