@@ -1,9 +1,11 @@
 """Times whole training steps of the plain-PyTorch reference DeepSeek-V3 (tests/reference) in
 eager mode: forward, backward, torch.nn.utils.clip_grad_norm_, torch.optim.AdamW.
 
-  eager_step.py WEIGHTS.safetensors THREADS [WARMUP] [STEPS]
+  eager_step.py WEIGHTS.safetensors THREADS [WARMUP] [STEPS] [TRACE.json]
 
 WEIGHTS is a deepseek_dump file (its shapes and metadata give the flavor; its tokens the batch).
+With TRACE, the timed steps run under torch.profiler (CPU operators) and its Chrome trace is
+written there, for tools/bench/profile_ops.
 """
 import json
 import os
@@ -24,6 +26,7 @@ def main():
     path, threads = sys.argv[1], int(sys.argv[2])
     warmup = int(sys.argv[3]) if len(sys.argv) > 3 else 3
     steps = int(sys.argv[4]) if len(sys.argv) > 4 else 10
+    trace = sys.argv[5] if len(sys.argv) > 5 else None
     torch.set_num_threads(threads)
     tensors = load_file(path)
     with open(path, "rb") as f:
@@ -36,7 +39,10 @@ def main():
     sequence, labels = tensors["sequence"], tensors["labels"]
     optimizer = torch.optim.AdamW(params.values(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
     times = []
+    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
     for step in range(warmup + steps):
+        if step == warmup and trace:
+            profiler.start()
         start = time.perf_counter()
         optimizer.zero_grad()
         _, _, main_sum, mtp_sums = reference.forward(params, buffers, args, sequence)
@@ -47,6 +53,9 @@ def main():
         loss.item()
         if step >= warmup:
             times.append((time.perf_counter() - start) * 1000)
+    if trace:
+        profiler.stop()
+        profiler.export_chrome_trace(trace)
     times.sort()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"eager step: median {times[len(times) // 2]:.1f} ms, min {times[0]:.1f} ms, max {times[-1]:.1f} ms "

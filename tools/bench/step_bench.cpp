@@ -1,11 +1,16 @@
 // keel-bench-step: times whole training steps (forward, backward, clip, AdamW) of a job after
 // warm-up and prints the median, the spread, the step program's own median (pre_clip, clip,
 // AdamW: eager or a replayed CUDA graph), tokens/s, the activated parameters per token and the
-// peak memory.
+// peak memory. With --profile, the timed steps run under LibTorch's profiler (CPU operators),
+// whose Chrome trace tools/bench/profile_ops summarises.
 //   keel-bench-step --config FILE [--plugin-path DIR] [--warmup N] [--steps N] [--set k=v]...
+//                   [--profile TRACE.json]
+#include <torch/csrc/autograd/profiler_kineto.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -18,6 +23,7 @@
 int main(int argc, char** argv) {
   keel::RunOptions options;
   int warmup = 3, steps = 10;
+  std::string profile;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--config")
@@ -30,6 +36,8 @@ int main(int argc, char** argv) {
       warmup = std::stoi(value);
     else if (flag == "--steps")
       steps = std::stoi(value);
+    else if (flag == "--profile")
+      profile = value;
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;
@@ -44,7 +52,14 @@ int main(int argc, char** argv) {
     keel::Trainer trainer(job);
     trainer.time_step_program(true);
     std::vector<double> times, program;
+    namespace profiler = torch::autograd::profiler;
     for (int s = 1; s <= warmup + steps; ++s) {
+      if (s == warmup + 1 && !profile.empty()) {
+        const torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
+        const std::set<torch::profiler::impl::ActivityType> cpu{torch::profiler::impl::ActivityType::CPU};
+        profiler::prepareProfiler(config, cpu);
+        profiler::enableProfiler(config, cpu);
+      }
       auto start = std::chrono::steady_clock::now();
       trainer.step(s, /*read_loss=*/true);  // reading the loss waits for the step to finish
       double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
@@ -53,6 +68,7 @@ int main(int argc, char** argv) {
         program.push_back(trainer.step_program_seconds() * 1e3);
       }
     }
+    if (!profile.empty()) profiler::disableProfiler()->save(profile);
     std::sort(times.begin(), times.end());
     std::sort(program.begin(), program.end());
     const keel::TrainingSection& t = job.config().training;
