@@ -37,6 +37,10 @@ struct StepHook {
 /// The step program's hooks that exist (a NULL pre_clip is not part of it).
 std::vector<StepHook> step_hooks(const Model& model, const Clipper& clipper);
 
+/// 1 (fp32 scalar on the gradients' device) when an element of the non-empty `grads` is inf or
+/// NaN, else 0; no host read, and every gradient keeps its bits.
+at::Tensor any_nonfinite(std::vector<at::Tensor> grads);
+
 /// Whether the step program is captured, and why (for the log).
 struct CaptureDecision {
   bool capture = false;

@@ -2,6 +2,8 @@
 // as a CUDA graph, when it runs it eagerly, and what it refuses, naming the plugin and hook.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "common/error.hpp"
 #include "optim/step_program.hpp"
 #include "test_support.hpp"
@@ -67,6 +69,36 @@ TEST(CapturePolicy, PluginsDeclareTheirHooks) {
   EXPECT_EQ(llama[1].owner, "clipper host_sync (faulty)");
   EXPECT_FALSE(llama[1].capture_safe);
   EXPECT_FALSE(decide_capture("auto", true, llama).capture);
+}
+
+// The guard's own check: an element's finiteness, on mixed dtypes, leaving every bit as it was.
+TEST(NonFiniteCheck, FlagsAnInfOrNanAnywhereAndNothingElse) {
+  auto finite = [] {
+    at::manual_seed(7);
+    // Two huge values whose sum of |g| overflows fp32, a denormal, a negative zero, bf16.
+    return std::vector<at::Tensor>{at::randn({100}), at::tensor({3e38f, -3e38f, 3e38f, 1e-40f, -0.0f}),
+                                   at::randn({3, 7}).to(at::kBFloat16)};
+  };
+  auto bits = [](const std::vector<at::Tensor>& grads) {
+    std::vector<at::Tensor> out;
+    for (const at::Tensor& g : grads) out.push_back(g.view(g.element_size() == 4 ? at::kInt : at::kShort).clone());
+    return out;
+  };
+  std::vector<at::Tensor> grads = finite();
+  const std::vector<at::Tensor> before = bits(grads);
+  EXPECT_EQ(any_nonfinite(grads).item<float>(), 0.0f);
+  const std::vector<at::Tensor> after = bits(grads);
+  for (size_t i = 0; i < grads.size(); ++i) EXPECT_TRUE(at::equal(before[i], after[i])) << "tensor " << i;
+  EXPECT_EQ(any_nonfinite(grads).dim(), 0);
+
+  const double bad[] = {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(),
+                        -std::numeric_limits<double>::infinity()};
+  for (double value : bad)
+    for (size_t t = 0; t < 3; ++t) {
+      std::vector<at::Tensor> g = finite();
+      g[t].view({-1})[2].fill_(value);
+      EXPECT_EQ(any_nonfinite(g).item<float>(), 1.0f) << value << " in tensor " << t;
+    }
 }
 
 }  // namespace
