@@ -19,6 +19,8 @@
 
 namespace {
 
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
 const keel::Key<double> kMaxNorm{"max_norm", 1.0, "the largest total gradient norm; larger ones are scaled down to it"};
 const keel::Key<std::string> kNormType{"norm_type", "2", "\"2\" (L2 norm) or \"inf\" (largest absolute value)"};
 
@@ -93,13 +95,29 @@ class NormClipper {
   // there are none.
   at::Tensor partial(const std::vector<at::Tensor>& grads) const {
     if (grads.empty()) return at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
-    std::vector<at::Tensor> norms = at::_foreach_norm(grads, inf_ ? std::numeric_limits<double>::infinity() : 2.0);
-    at::Tensor stacked = at::stack(norms).to(at::kFloat);
+    at::Tensor stacked =
+        at::stack(inf_ && device_.is_cpu() ? max_abs_cpu(grads) : at::_foreach_norm(grads, inf_ ? kInf : 2.0))
+            .to(at::kFloat);
     if (!inf_) return stacked.square().sum();
     // A MAX all-reduce may keep a finite value over a NaN (Gloo does): a NaN goes in as +inf,
     // which every maximum keeps, so the total is non-finite on every rank.
-    const double inf = std::numeric_limits<double>::infinity();
-    return at::nan_to_num(stacked.max(), inf, inf, -inf);
+    return at::nan_to_num(stacked.max(), kInf, kInf, -kInf);
+  }
+
+  // max |g| of each gradient, exact and NaN-propagating like _foreach_norm(grads, inf), which
+  // has no vectorised path on CPU: with aminmax the step program of debug takes 37-38 ms
+  // instead of 84-89 ms (keel-bench-step, norm_type "inf"), about what the L2 norm takes.
+  static std::vector<at::Tensor> max_abs_cpu(const std::vector<at::Tensor>& grads) {
+    std::vector<at::Tensor> out;
+    for (const at::Tensor& g : grads) {
+      if (g.numel() == 0) {  // aminmax refuses an empty tensor; its norm is 0
+        out.push_back(at::zeros({}, g.options()));
+        continue;
+      }
+      auto [low, high] = at::aminmax(g);
+      out.push_back(at::maximum(high, low.neg()));
+    }
+    return out;
   }
 
   void scale(const at::Tensor& total, std::vector<at::Tensor> grads) {
@@ -121,7 +139,7 @@ class NormClipper {
 
 }  // namespace
 
-KEEL_PLUGIN("norm_clipper", "1.2.0",
+KEEL_PLUGIN("norm_clipper", "1.2.1",
             keel::clipper_component<NormClipper>(
                 "norm_clipper",
                 "Global-norm gradient clipping over logical parameters "

@@ -120,6 +120,19 @@ TEST_F(NormClipperTest, InfNormMatchesTorch) {
   EXPECT_TRUE(at::allclose(a.grad(), ref[0].grad(), 1e-6, 1e-8));
 }
 
+TEST_F(NormClipperTest, InfNormIsTheLargestMagnitudeEitherSignAndAnEmptyGradientCountsZero) {
+  at::Tensor& a = add("a", {4});
+  add("empty", {0, 3});
+  at::Tensor& b = add("b", {2, 3});
+  a.mutable_grad().copy_(at::tensor({0.5f, -0.25f, 0.0f, 0.125f}));
+  b.mutable_grad().copy_(at::tensor({0.1f, -0.75f, 0.3f, 0.2f, 0.6f, -0.7f}).view({2, 3}));
+  auto clipper = make("max_norm = 10.0\nnorm_type = \"inf\"\n");
+  EXPECT_EQ(clipper->clip(infos()).item<float>(), 0.75f);
+  b.mutable_grad()[0][1] = 0.5f;  // now the largest is positive, in the first gradient
+  a.mutable_grad()[0] = 0.8f;
+  EXPECT_EQ(clipper->clip(infos()).item<float>(), 0.8f);
+}
+
 TEST_F(NormClipperTest, InfNormCarriesANanAsInfinitySoAMaxReductionCannotDropIt) {
   // Gloo's MAX all-reduce keeps a finite value over a NaN; +inf survives every maximum.
   at::manual_seed(4);
