@@ -68,6 +68,19 @@ TEST(Gpu, CapturedStepProgramIsBitwiseTheEagerOneOver20Steps) {
   for (size_t i = 0; i < eager.params.size(); ++i) EXPECT_TRUE(at::equal(captured.params[i], eager.params[i])) << i;
 }
 
+TEST(Gpu, ShardedOptimizerWithAClipperOnGradientShardsCapturesBitwiseTheEagerOne) {
+  SKIP_WITHOUT_GPU();
+  // One rank: every piece is whole, but norm_clipper is bound to its shards (the sharded clip
+  // path and its world all-reduce run inside the graph) and the parameter gather runs too.
+  const std::string sharded = "parallelism.shard_optimizer=true";
+  GpuRun eager = train(kDeepSeekDebug, {sharded, "optimizer.graph_capture=off"}, 20);
+  GpuRun captured = train(kDeepSeekDebug, {sharded, "optimizer.graph_capture=on", "optimizer.graph_warmup=3"}, 20);
+  EXPECT_TRUE(captured.captured);
+  EXPECT_EQ(captured.losses, eager.losses);
+  ASSERT_EQ(captured.params.size(), eager.params.size());
+  for (size_t i = 0; i < eager.params.size(); ++i) EXPECT_TRUE(at::equal(captured.params[i], eager.params[i])) << i;
+}
+
 TEST(Gpu, GraphValidateComparesReplaysWithTheEagerProgram) {
   SKIP_WITHOUT_GPU();
   // A difference would throw out of step(); five validated replays pass.
