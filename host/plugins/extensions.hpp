@@ -50,9 +50,9 @@ struct ComponentExtensions {
 
 /// Walks and validates the extension chain of `component` (from plugin `path`): at most
 /// KEEL_MAX_EXTENSIONS entries, each at least a keel_extension, no type twice, a known type
-/// complete and on the right kind of component (a model's or a clipper's; declared config keys: named [a-z0-9_]+,
-/// unique, of a known type, defaults of that type). A component older than 1.2 has none. Throws InputError naming the
-/// plugin, the component and the entry.
+/// complete and on the right kind of component (a model's or a clipper's; declared config
+/// keys: named [a-z0-9_]+, unique, of a known type, defaults of that type). A component older
+/// than 1.2 has none. Throws InputError naming the plugin, the component and the entry.
 ComponentExtensions read_extensions(const std::string& path, const keel_component& component);
 
 }  // namespace keel
