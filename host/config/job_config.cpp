@@ -102,7 +102,7 @@ JobConfig read_job_config(ConfigTree& tree, int world_size, bool cuda_available)
   c.parallelism.pp = par.integer_as<int>("pp", 1, 1, kMaxRanksPerDim);
   c.parallelism.dp = par.integer_as<int>("dp", 1, 1, kMaxRanksPerDim);
   c.parallelism.ep = par.integer_as<int>("ep", 1, 1, kMaxRanksPerDim);
-  c.parallelism.schedule = par.choice("schedule", "1f1b", {"1f1b", "gpipe", "interleaved_1f1b"});
+  c.parallelism.schedule = par.choice("schedule", "1f1b", {"1f1b", "gpipe", "interleaved_1f1b", "zb_h1"});
   c.parallelism.microbatches = par.integer_as<int>("microbatches", 1, 1, kMaxMicrobatches);
   c.parallelism.stages_per_rank = par.integer_as<int>("stages_per_rank", 1, 1, kMaxStagesPerRank);
   if (c.parallelism.schedule == "interleaved_1f1b") {
@@ -150,6 +150,12 @@ JobConfig read_job_config(ConfigTree& tree, int world_size, bool cuda_available)
   c.training.seed = static_cast<uint64_t>(seed);
   c.training.dtype = tr.choice("dtype", "fp32", {"fp32", "bf16"});
   c.training.recompute = tr.choice("recompute", "none", {"none", "full", "selective"});
+  // A fully recomputed block reruns its forward and whole backward pass inside one autograd
+  // node, which has no separate weight pass to defer.
+  if (c.training.recompute == "full" && c.parallelism.schedule == "zb_h1")
+    tr.invalid("recompute",
+               "\"full\" cannot run under parallelism.schedule = \"zb_h1\", which splits each "
+               "backward pass into input and weight passes; use \"selective\" or another schedule");
   c.training.device = tr.choice("device", "cpu", {"auto", "cpu", "cuda"});
   if (c.training.device == "auto") c.training.device = cuda_available ? "cuda" : "cpu";
   if (c.training.device == "cuda" && !cuda_available)

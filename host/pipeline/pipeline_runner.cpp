@@ -11,6 +11,7 @@
 
 #include "common/text.hpp"
 #include "device/autocast.hpp"
+#include "pipeline/split_backward.hpp"
 
 namespace keel {
 
@@ -47,10 +48,14 @@ PipelineRunner::PipelineRunner(std::vector<ModelPart*> parts, Group& pp, const s
                                       parts_[static_cast<size_t>(k)]->spec().stage_index, ", expected ",
                                       virtual_stage(k)));
   actions_ = stage_actions(schedule, stage_, pp.size(), microbatches, chunks);
+  split_ = has_weight_passes(actions_);
+  // Gradients become final in the last pass that accumulates them: the weight pass where
+  // backward passes are split.
+  const PipelineAction::Kind accumulates = split_ ? PipelineAction::weight : PipelineAction::backward;
   last_backward_.assign(actions_.size(), false);
   std::vector<bool> seen(parts_.size(), false);
   for (size_t i = actions_.size(); i-- > 0;)
-    if (actions_[i].kind == PipelineAction::backward && !seen[static_cast<size_t>(actions_[i].chunk)]) {
+    if (actions_[i].kind == accumulates && !seen[static_cast<size_t>(actions_[i].chunk)]) {
       seen[static_cast<size_t>(actions_[i].chunk)] = true;
       last_backward_[i] = true;
     }
@@ -78,8 +83,9 @@ at::Tensor PipelineRunner::run(const std::vector<at::Tensor>& tokens, const std:
                                double loss_divisor) {
   const auto microbatches = static_cast<int>(tokens.size());
   struct InFlight {
-    at::Tensor input;   ///< the received activation (requires grad), non-first stages
-    at::Tensor output;  ///< the activation sent on, or the loss sum on the last stage
+    at::Tensor input;                      ///< the received activation (requires grad), non-first stages
+    at::Tensor output;                     ///< the activation sent on, or the loss sum on the last stage
+    std::unique_ptr<SplitBackward> split;  ///< between a split backward and its weight pass
   };
   // One slot per (chunk, microbatch).
   std::vector<InFlight> flight(parts_.size() * static_cast<size_t>(microbatches));
@@ -114,23 +120,39 @@ at::Tensor PipelineRunner::run(const std::vector<at::Tensor>& tokens, const std:
       }
       f.output = outgoing(f.output, shape, stage);
       sends.push_back(pp_.isend(f.output.detach(), neighbour(chunk, 1), activation_tag(stage, mb, microbatches)));
+    } else if (action.kind == PipelineAction::weight) {
+      if (!f.split) throw std::logic_error("pipeline: a weight pass before its backward pass");
+      if (last_backward_[index] && before_last_backward_) before_last_backward_(chunk);
+      const Clock::time_point busy = Clock::now();
+      f.split->weight_pass();
+      timing_.busy_seconds += seconds_since(busy);
+      f = InFlight{};  // the microbatch's graph and activations are freed here
     } else {
       at::Tensor grad;
       if (!last) grad = receive(shape, neighbour(chunk, 1), gradient_tag(stage, mb, microbatches));
       if (last_backward_[index] && before_last_backward_) before_last_backward_(chunk);
       const Clock::time_point busy = Clock::now();
-      if (last)
-        (f.output / loss_divisor).backward();
-      else
-        f.output.backward(grad);
+      at::Tensor input_grad;
+      if (split_) {
+        // The input's gradient now, for the stage before; the parameters' in the weight pass.
+        at::Tensor root = last ? f.output / loss_divisor : f.output;
+        if (last) grad = at::ones({}, root.options());
+        f.split = std::make_unique<SplitBackward>(root, f.input);
+        input_grad = f.split->input_pass(grad);
+      } else {
+        if (last)
+          (f.output / loss_divisor).backward();
+        else
+          f.output.backward(grad);
+        if (!first) input_grad = f.input.grad();
+      }
       timing_.busy_seconds += seconds_since(busy);
       if (!first) {
-        at::Tensor input_grad = f.input.grad();
         if (!input_grad.defined()) input_grad = at::zeros(shape, activation_options_);
         sends.push_back(
             pp_.isend(input_grad, neighbour(chunk, pp_.size() - 1), gradient_tag(stage - 1, mb, microbatches)));
       }
-      f = InFlight{};  // the microbatch's graph and activations are freed here
+      if (!split_) f = InFlight{};  // the microbatch's graph and activations are freed here
     }
   }
   for (auto& work : sends)

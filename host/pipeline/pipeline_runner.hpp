@@ -44,8 +44,9 @@ class PipelineRunner {
   /// fp32 device tensor, zero on other stages. [collective: pp]
   at::Tensor evaluate(const std::vector<at::Tensor>& tokens, const std::vector<at::Tensor>& labels);
   /// `hook(chunk)` runs on every run() just before the step's last backward pass through each
-  /// of this rank's chunks, where that chunk's gradients become final (the overlapped gradient
-  /// reduction arms there): with several chunks, in the order those passes run.
+  /// of this rank's chunks (its last weight pass, where the schedule splits backward passes),
+  /// where that chunk's gradients become final (the overlapped gradient reduction arms there):
+  /// with several chunks, in the order those passes run.
   void set_before_last_backward(std::function<void(int chunk)> hook) { before_last_backward_ = std::move(hook); }
   /// The timing of the last run().
   const ScheduleTiming& timing() const { return timing_; }
@@ -68,7 +69,8 @@ class PipelineRunner {
   int virtual_stages_;  ///< pp x chunks
   ScheduleTiming timing_;
   std::function<void(int)> before_last_backward_;
-  std::vector<bool> last_backward_;  ///< by action: the chunk's last backward
+  std::vector<bool> last_backward_;  ///< by action: the chunk's last pass accumulating gradients
+  bool split_ = false;               ///< backward passes split into input and weight passes
 };
 
 }  // namespace keel

@@ -49,6 +49,21 @@ std::vector<PipelineAction> stage_actions(const std::string& schedule, int stage
   std::vector<PipelineAction> out;
   auto forward = [&](int mb) { out.push_back({PipelineAction::forward, mb}); };
   auto backward = [&](int mb) { out.push_back({PipelineAction::backward, mb}); };
+  auto weight = [&](int mb) { out.push_back({PipelineAction::weight, mb}); };
+  if (schedule == "zb_h1") {
+    // 1f1b's order with each backward split; the first `stage` weight passes wait for the
+    // cool-down, so a gradient reaches the rank before it sooner by a weight pass per rank.
+    const int warmup = std::min(stages - stage - 1, microbatches);
+    for (int mb = 0; mb < warmup; ++mb) forward(mb);
+    int weights = 0;
+    for (int i = 0; i < microbatches; ++i) {
+      if (warmup + i < microbatches) forward(warmup + i);
+      backward(i);
+      if (i >= stage) weight(weights++);
+    }
+    while (weights < microbatches) weight(weights++);
+    return out;
+  }
   if (schedule == "gpipe") {
     for (int mb = 0; mb < microbatches; ++mb) forward(mb);
     for (int mb = 0; mb < microbatches; ++mb) backward(mb);
@@ -65,10 +80,17 @@ std::vector<PipelineAction> stage_actions(const std::string& schedule, int stage
   return out;
 }
 
+bool has_weight_passes(const std::vector<PipelineAction>& actions) {
+  return std::any_of(actions.begin(), actions.end(),
+                     [](const PipelineAction& a) { return a.kind == PipelineAction::weight; });
+}
+
 int peak_in_flight(const std::vector<PipelineAction>& actions) {
+  const PipelineAction::Kind releases = has_weight_passes(actions) ? PipelineAction::weight : PipelineAction::backward;
   int alive = 0, peak = 0;
   for (const PipelineAction& a : actions) {
-    alive += a.kind == PipelineAction::forward ? 1 : -1;
+    if (a.kind == PipelineAction::forward) ++alive;
+    if (a.kind == releases) --alive;
     peak = std::max(peak, alive);
   }
   return peak;
@@ -76,10 +98,12 @@ int peak_in_flight(const std::vector<PipelineAction>& actions) {
 
 int64_t peak_held_bytes(const std::vector<PipelineAction>& actions, const std::vector<int64_t>& bytes_per_chunk) {
   // Counted in wide integers: the figures come from a plugin, and a huge one must not wrap.
+  const PipelineAction::Kind releases = has_weight_passes(actions) ? PipelineAction::weight : PipelineAction::backward;
   __int128 held = 0, peak = 0;
   for (const PipelineAction& a : actions) {
     const __int128 bytes = bytes_per_chunk.at(static_cast<size_t>(a.chunk));
-    held += a.kind == PipelineAction::forward ? bytes : -bytes;
+    if (a.kind == PipelineAction::forward) held += bytes;
+    if (a.kind == releases) held -= bytes;
     peak = std::max(peak, held);
   }
   constexpr __int128 most = std::numeric_limits<int64_t>::max();
@@ -90,11 +114,18 @@ double ideal_bubble_fraction(int stages, int microbatches, int chunks) {
   return static_cast<double>(stages - 1) / static_cast<double>(chunks * microbatches + stages - 1);
 }
 
+double ideal_zero_bubble_fraction(int stages, int microbatches, double forward_time, double backward_time,
+                                  double weight_time) {
+  const double idle = (stages - 1) * (forward_time + std::max(backward_time - weight_time, 0.0));
+  return idle / (microbatches * (forward_time + backward_time + weight_time) + idle);
+}
+
 double simulated_bubble_fraction(const std::string& schedule, int stages, int microbatches, int chunks,
-                                 double forward_time, double backward_time) {
+                                 double forward_time, double backward_time, double weight_time) {
   const int virtual_stages = stages * chunks;
   std::vector<std::vector<PipelineAction>> actions;
   for (int r = 0; r < stages; ++r) actions.push_back(stage_actions(schedule, r, stages, microbatches, chunks));
+  const bool split = has_weight_passes(actions.front());
   // When each (virtual stage, microbatch) pass finished; negative: not yet run.
   auto slot = [&](int stage, int mb) {
     return static_cast<size_t>(stage) * static_cast<size_t>(microbatches) + static_cast<size_t>(mb);
@@ -113,14 +144,19 @@ double simulated_bubble_fraction(const std::string& schedule, int stages, int mi
         // What the pass receives: the previous stage's activation, or the next stage's gradient.
         double ready = 0;
         if (a.kind == PipelineAction::forward && s > 0) ready = forward_done[slot(s - 1, a.microbatch)];
+        if (a.kind == PipelineAction::weight) ready = backward_done[slot(s, a.microbatch)];
         if (a.kind == PipelineAction::backward)
           ready =
               s + 1 < virtual_stages ? backward_done[slot(s + 1, a.microbatch)] : forward_done[slot(s, a.microbatch)];
         if (ready < 0) break;  // blocked in a receive: another rank must move first
-        const double took = a.kind == PipelineAction::forward ? forward_time : backward_time;
+        const double took = a.kind == PipelineAction::forward  ? forward_time
+                            : a.kind == PipelineAction::weight ? weight_time
+                            : split                            ? backward_time
+                                                               : backward_time + weight_time;
         free_at[ri] = std::max(free_at[ri], ready) + took;
         busy += took;
-        (a.kind == PipelineAction::forward ? forward_done : backward_done)[slot(s, a.microbatch)] = free_at[ri];
+        if (a.kind == PipelineAction::forward) forward_done[slot(s, a.microbatch)] = free_at[ri];
+        if (a.kind == PipelineAction::backward) backward_done[slot(s, a.microbatch)] = free_at[ri];
         ++next[ri];
         progress = true;
       }

@@ -1,7 +1,7 @@
 // Pipeline schedules: the order in which one pipeline rank runs the forward and backward passes
 // of a step's microbatches on the model chunks it holds. Every schedule runs each chunk's
-// backward passes in microbatch order, so every gradient accumulates in the same order and the
-// schedules give bitwise identical steps.
+// backward passes (and, when split, its weight passes) in microbatch order, so every gradient
+// accumulates in the same order and the schedules give bitwise identical steps.
 #pragma once
 
 #include <string>
@@ -10,9 +10,11 @@
 namespace keel {
 
 /// One pass of one microbatch through one of the rank's model chunks (chunk k of pipeline
-/// rank r is virtual stage r + k * stages; 0 without interleaving).
+/// rank r is virtual stage r + k * stages; 0 without interleaving). Where a schedule has
+/// weight passes, a backward pass computes only the gradient of the chunk's input and the
+/// weight pass of the same microbatch later the parameters' gradients (split_backward.hpp).
 struct PipelineAction {
-  enum Kind { forward, backward };
+  enum Kind { forward, backward, weight };
   Kind kind = forward;
   int microbatch = 0;
   int chunk = 0;
@@ -31,28 +33,45 @@ struct PipelineAction {
 ///            0, then chunk 1, ...; backwards the same groups through the chunks in reverse;
 ///            (stages - stage - 1) * 2 + (chunks - 1) * stages warm-up forwards (all of them
 ///            when microbatches == stages), then alternately, then the remaining backwards.
+///   "zb_h1": ZB-H1 of Qi et al., "Zero Bubble Pipeline Parallelism" (2024), one chunk: the
+///            warm-up of 1f1b, then a forward, a backward (input gradient only) and a weight
+///            pass per microbatch, rank r deferring its first r weight passes to its cool-down
+///            (the later the rank, the sooner its input gradients must leave). Every rank holds
+///            up to `stages` microbatches until their weight passes, as 1f1b's first rank holds.
 /// Throws std::invalid_argument on an unknown schedule or impossible sizes.
 std::vector<PipelineAction> stage_actions(const std::string& schedule, int stage, int stages, int microbatches,
                                           int chunks = 1);
 
-/// The most (microbatch, chunk) passes whose forward has run and whose backward has not, at
-/// any point of `actions`: how many chunk activations the rank holds at its peak.
+/// The most (microbatch, chunk) passes whose forward has run and whose backward has not (its
+/// weight pass, where the schedule has them), at any point of `actions`: how many chunk
+/// activations the rank holds at its peak.
 int peak_in_flight(const std::vector<PipelineAction>& actions);
 
 /// The most bytes held at any point of `actions` when a forward through chunk k keeps
-/// `bytes_per_chunk[k]` until its backward; saturates at INT64_MAX.
+/// `bytes_per_chunk[k]` until its backward (its weight pass, where the schedule has them; an
+/// upper bound, since the backward frees what only the input's gradient needed); saturates at
+/// INT64_MAX.
 int64_t peak_held_bytes(const std::vector<PipelineAction>& actions, const std::vector<int64_t>& bytes_per_chunk);
 
 /// The idle fraction of an ideal pipeline with equal stage times: (p - 1) / (v m + p - 1) for
 /// p stages of v chunks each (v = 1: (p - 1) / (m + p - 1)).
 double ideal_bubble_fraction(int stages, int microbatches, int chunks = 1);
 
+/// Whether `actions` split backward passes into input and weight passes.
+bool has_weight_passes(const std::vector<PipelineAction>& actions);
+
+/// The idle fraction of zb_h1 with `microbatches` >= `stages` and passes of the given times:
+/// (p - 1) (F + max(B - W, 0)) / (m (F + B + W) + (p - 1) (F + max(B - W, 0))).
+double ideal_zero_bubble_fraction(int stages, int microbatches, double forward_time, double backward_time,
+                                  double weight_time);
+
 /// Runs `schedule` on `stages` ranks of `chunks` chunks as this host does (a receive waits for
 /// its sender's pass, a send never waits; transfers take no time), each forward through a chunk
-/// taking `forward_time` and each backward `backward_time`, and returns the idle fraction of
-/// the ranks' time over the step: the exact bubble of the schedule. Throws std::logic_error if
-/// the ranks would wait on each other forever.
+/// taking `forward_time`, each input-gradient pass `backward_time` and each weight-gradient
+/// pass `weight_time` (a schedule without weight passes runs both in its backward), and
+/// returns the idle fraction of the ranks' time over the step: the exact bubble of the
+/// schedule. Throws std::logic_error if the ranks would wait on each other forever.
 double simulated_bubble_fraction(const std::string& schedule, int stages, int microbatches, int chunks,
-                                 double forward_time, double backward_time);
+                                 double forward_time, double backward_time, double weight_time = 0);
 
 }  // namespace keel

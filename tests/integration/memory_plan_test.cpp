@@ -141,6 +141,15 @@ TEST(MemoryPlan, ActivationsArePlannedPerStageForTheMicrobatchesItsScheduleHolds
   ASSERT_EQ(gpipe_lines.size(), 2u) << gpipe.output;
   EXPECT_NE(gpipe_lines[1].find(" per microbatch x 2 in flight"), std::string::npos) << gpipe_lines[1];
   EXPECT_LT(number_after(gpipe_lines[0], ": "), first / 2) << gpipe.output;
+
+  // ZB-H1's last stage defers a weight pass and holds two microbatches, 1F1B's first stage's count.
+  auto zero_bubble = dry_run(dir, " --set parallelism.schedule=zb_h1");
+  ASSERT_EQ(zero_bubble.status, 0) << zero_bubble.output;
+  const std::vector<std::string> zb_lines = activation_lines(zero_bubble.output);
+  ASSERT_EQ(zb_lines.size(), 2u) << zero_bubble.output;
+  EXPECT_NE(zb_lines[0].find(" per microbatch x 2 in flight"), std::string::npos) << zb_lines[0];
+  EXPECT_NE(zb_lines[1].find(" per microbatch x 2 in flight"), std::string::npos) << zb_lines[1];
+  EXPECT_EQ(number_after(zb_lines[1], ": "), last);
 }
 
 TEST(MemoryPlan, InterleavingPlansEachRanksStagesAndTheirStateAsAllocated) {

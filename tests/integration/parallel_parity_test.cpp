@@ -172,20 +172,33 @@ TEST(ParallelParity, ReduceScatteredPp2Dp2Ep2MatchesTheUnshardedOptimizer) {
       "25 of 26 bucket(s) (the others hold a parameter with a REPLICA copy");
 }
 
-TEST(ParallelParity, GPipeAndOneFOneBAreBitwiseIdentical) {
+// Two schedules of one PP2 DP2 EP2 layout (4 microbatches) give the same bits: every chunk's
+// gradients accumulate in microbatch order under both.
+void expect_schedules_bitwise(const std::string& a_schedule, const std::string& b_schedule) {
   test::TempDir dir;
   const std::vector<std::string> layout = {"parallelism.pp=2", "parallelism.dp=2", "parallelism.ep=2",
                                            "parallelism.microbatches=4", "training.global_batch=16"};
-  std::vector<std::string> gpipe = layout, one_f_one_b = layout;
-  gpipe.push_back("parallelism.schedule=gpipe");
-  one_f_one_b.push_back("parallelism.schedule=1f1b");
-  JobRun a = train(dir, "gpipe", 4, gpipe), b = train(dir, "1f1b", 4, one_f_one_b);
+  std::vector<std::string> a_sets = layout, b_sets = layout;
+  a_sets.push_back("parallelism.schedule=" + a_schedule);
+  b_sets.push_back("parallelism.schedule=" + b_schedule);
+  JobRun a = train(dir, a_schedule, 4, a_sets), b = train(dir, b_schedule, 4, b_sets);
   ASSERT_EQ(a.result.status, 0) << a.result.output;
   ASSERT_EQ(b.result.status, 0) << b.result.output;
+  EXPECT_EQ(a.loss.size(), 10u);
   EXPECT_EQ(a.loss, b.loss);
   EXPECT_EQ(a.grad_norm, b.grad_norm);
   ASSERT_EQ(a.state.size(), b.state.size());
   for (const auto& [key, t] : a.state) EXPECT_TRUE(at::equal(t, b.state.at(key))) << key;
+}
+
+TEST(ParallelParity, GPipeAndOneFOneBAreBitwiseIdentical) { expect_schedules_bitwise("gpipe", "1f1b"); }
+
+// The split backward passes (input, then weight) give the whole passes' gradients bit for bit,
+// with the overlapped reduction arming before each chunk's last weight pass.
+TEST(ParallelParity, ZeroBubbleH1AndOneFOneBAreBitwiseIdentical) { expect_schedules_bitwise("zb_h1", "1f1b"); }
+
+TEST(ParallelParity, ZeroBubbleH1Pp2MatchesTheSingleRankRun) {
+  expect_parity("PP2 zb_h1", 2, {"parallelism.pp=2", "parallelism.schedule=zb_h1"});
 }
 
 // The comparison has teeth: a genuinely wrong run (a learning rate 10% too large, as a schedule
@@ -299,6 +312,11 @@ TEST(BadLayout, InterleavingMicrobatchesThatAreNoMultipleOfPpAreRefused) {
                  " --set parallelism.pp=2 --set parallelism.schedule=interleaved_1f1b --set "
                  "parallelism.stages_per_rank=2 --set parallelism.microbatches=1",
                  "parallelism.microbatches: interleaved_1f1b needs a multiple of pp = 2, got 1");
+}
+
+TEST(BadLayout, ZeroBubbleWithFullRecomputationIsRefused) {
+  expect_refused("2", " --set parallelism.pp=2 --set parallelism.schedule=zb_h1 --set training.recompute=full",
+                 "training.recompute: \"full\" cannot run under parallelism.schedule = \"zb_h1\"");
 }
 
 TEST(BadLayout, SeveralStagesPerRankNeedTheInterleavedSchedule) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <set>
 #include <stdexcept>
+#include <tuple>
 
 #include "pipeline/schedule.hpp"
 #include "pipeline/stage_split.hpp"
@@ -14,6 +15,7 @@ namespace keel {
 namespace {
 
 using A = PipelineAction;
+using K = A::Kind;
 
 TEST(PipelineSchedule, OneFOneBOnTheFirstOfFourStagesWarmsUpWithThreeForwards) {
   std::vector<A> got = stage_actions("1f1b", 0, 4, 5);
@@ -161,6 +163,68 @@ TEST(PipelineSchedule, IdealBubbleIsPMinusOneOverMPlusPMinusOne) {
   EXPECT_DOUBLE_EQ(ideal_bubble_fraction(1, 4), 0.0);
   EXPECT_DOUBLE_EQ(ideal_bubble_fraction(2, 4), 1.0 / 5.0);
   EXPECT_DOUBLE_EQ(ideal_bubble_fraction(4, 8), 3.0 / 11.0);
+}
+
+TEST(PipelineSchedule, ZeroBubbleH1DefersTheFirstRWeightPassesOfRankR) {
+  auto f = [](int mb) { return A{K::forward, mb}; };
+  auto b = [](int mb) { return A{K::backward, mb}; };
+  auto w = [](int mb) { return A{K::weight, mb}; };
+  // The first rank weighs each microbatch right after its backward; the last, whose input
+  // gradients every rank before it waits for, defers two weight passes to its cool-down.
+  EXPECT_EQ(stage_actions("zb_h1", 0, 3, 3), (std::vector<A>{f(0), f(1), f(2), b(0), w(0), b(1), w(1), b(2), w(2)}));
+  EXPECT_EQ(stage_actions("zb_h1", 1, 3, 3), (std::vector<A>{f(0), f(1), b(0), f(2), b(1), w(0), b(2), w(1), w(2)}));
+  EXPECT_EQ(stage_actions("zb_h1", 2, 3, 3), (std::vector<A>{f(0), b(0), f(1), b(1), f(2), b(2), w(0), w(1), w(2)}));
+  EXPECT_THROW(stage_actions("zb_h1", 0, 2, 4, 2), std::invalid_argument);
+}
+
+TEST(PipelineSchedule, ZeroBubbleH1PassesEachMicrobatchInOrderAndHoldsAtMostStagesOfThem) {
+  for (int stages : {1, 2, 3, 4, 8})
+    for (int m : {1, 2, 3, 5, 8, 16})
+      for (int stage = 0; stage < stages; ++stage) {
+        const std::vector<A> actions = stage_actions("zb_h1", stage, stages, m);
+        ASSERT_TRUE(has_weight_passes(actions));
+        std::vector<int> forwards, backwards, weights;
+        std::vector<int> phase(static_cast<size_t>(m), 0);  // 0 none, 1 forward, 2 backward, 3 weight
+        for (const A& a : actions) {
+          int& p = phase[static_cast<size_t>(a.microbatch)];
+          EXPECT_EQ(p, static_cast<int>(a.kind)) << "forward, backward, weight in that order";
+          p = static_cast<int>(a.kind) + 1;
+          (a.kind == K::forward ? forwards : a.kind == K::backward ? backwards : weights).push_back(a.microbatch);
+        }
+        std::vector<int> in_order(static_cast<size_t>(m));
+        for (int i = 0; i < m; ++i) in_order[static_cast<size_t>(i)] = i;
+        EXPECT_EQ(forwards, in_order);
+        EXPECT_EQ(backwards, in_order);
+        EXPECT_EQ(weights, in_order) << "weights accumulate in microbatch order: bitwise the other schedules";
+        EXPECT_LE(peak_in_flight(actions), std::min(m, stages)) << stage << "/" << stages << " m=" << m;
+        EXPECT_NO_THROW(simulated_bubble_fraction("zb_h1", stages, m, 1, 1.0, 1.0, 1.0));
+      }
+}
+
+TEST(PipelineSchedule, ZeroBubbleH1ReachesItsIdealBubbleAndBeatsOneFOneB) {
+  // Equal passes, and an input pass slower and faster than the weight pass.
+  for (const auto& [forward, input, weight] :
+       std::vector<std::tuple<double, double, double>>{{1, 1, 1}, {1, 1.3, 0.7}, {1, 0.8, 1.2}})
+    for (int stages : {2, 4, 8})
+      for (int m : {stages, 2 * stages, 4 * stages}) {
+        const double zb = simulated_bubble_fraction("zb_h1", stages, m, 1, forward, input, weight);
+        EXPECT_NEAR(zb, ideal_zero_bubble_fraction(stages, m, forward, input, weight), 1e-12)
+            << stages << " ranks, " << m << " microbatches, " << forward << "/" << input << "/" << weight;
+        EXPECT_LT(zb, simulated_bubble_fraction("1f1b", stages, m, 1, forward, input, weight));
+      }
+  // p - 1 idle passes against 1f1b's 3 (p - 1): a third of the bubble's time.
+  EXPECT_DOUBLE_EQ(ideal_zero_bubble_fraction(4, 8, 1, 1, 1), 3.0 / 27.0);
+  EXPECT_NEAR(simulated_bubble_fraction("1f1b", 4, 8, 1, 1, 1, 1), 9.0 / 33.0, 1e-12);
+}
+
+TEST(PipelineSchedule, ZeroBubbleH1HoldsEachMicrobatchUntilItsWeightPass) {
+  // Rank 0 of 2, 2 microbatches: F0 F1 B0 W0 B1 W1 holds both after F1.
+  const std::vector<A> actions = stage_actions("zb_h1", 0, 2, 2);
+  EXPECT_EQ(peak_in_flight(actions), 2);
+  EXPECT_EQ(peak_held_bytes(actions, {5}), 10);
+  // The last rank defers one weight pass: F0 B0 F1 holds two, where 1f1b holds one.
+  EXPECT_EQ(peak_in_flight(stage_actions("zb_h1", 1, 2, 4)), 2);
+  EXPECT_EQ(peak_in_flight(stage_actions("1f1b", 1, 2, 4)), 1);
 }
 
 TEST(StageSplit, BalancedSplitGivesEarlierStagesTheRemainder) {
