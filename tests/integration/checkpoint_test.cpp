@@ -134,6 +134,10 @@ TEST(Checkpoint, Pp2Dp2Ep2CheckpointResumesUnderInterleavedOneFOneB) {
   expect_resumes_pp2_dp2_ep2("interleaved", 4, with(kPp2Dp2Ep2, kInterleaved));
 }
 
+TEST(Checkpoint, Pp2Dp2Ep2CheckpointResumesUnderZeroBubbleH1) {
+  expect_resumes_pp2_dp2_ep2("zb_h1", 4, with(kPp2Dp2Ep2, {"parallelism.schedule=zb_h1"}));
+}
+
 TEST(Checkpoint, AnInterleavedCheckpointResumesUnderOneFOneB) {
   // Two stages per rank (layers 0 and 2 on rank 0, 1 and 3 on rank 1) saved, one per rank
   // loaded: the same canonical entries, re-saved bitwise, and the next step within the bound.

@@ -174,10 +174,12 @@ TEST(ParallelParity, ReduceScatteredPp2Dp2Ep2MatchesTheUnshardedOptimizer) {
 
 // Two schedules of one PP2 DP2 EP2 layout (4 microbatches) give the same bits: every chunk's
 // gradients accumulate in microbatch order under both.
-void expect_schedules_bitwise(const std::string& a_schedule, const std::string& b_schedule) {
+void expect_schedules_bitwise(const std::string& a_schedule, const std::string& b_schedule,
+                              const std::vector<std::string>& more = {}) {
   test::TempDir dir;
-  const std::vector<std::string> layout = {"parallelism.pp=2", "parallelism.dp=2", "parallelism.ep=2",
-                                           "parallelism.microbatches=4", "training.global_batch=16"};
+  std::vector<std::string> layout = {"parallelism.pp=2", "parallelism.dp=2", "parallelism.ep=2",
+                                     "parallelism.microbatches=4", "training.global_batch=16"};
+  layout.insert(layout.end(), more.begin(), more.end());
   std::vector<std::string> a_sets = layout, b_sets = layout;
   a_sets.push_back("parallelism.schedule=" + a_schedule);
   b_sets.push_back("parallelism.schedule=" + b_schedule);
@@ -196,6 +198,21 @@ TEST(ParallelParity, GPipeAndOneFOneBAreBitwiseIdentical) { expect_schedules_bit
 // The split backward passes (input, then weight) give the whole passes' gradients bit for bit,
 // with the overlapped reduction arming before each chunk's last weight pass.
 TEST(ParallelParity, ZeroBubbleH1AndOneFOneBAreBitwiseIdentical) { expect_schedules_bitwise("zb_h1", "1f1b"); }
+
+// With the sharded optimizer the overlapped reduce-scatter starts from the weight passes'
+// gradients, and selective recomputation reruns its attention core in the input pass.
+TEST(ParallelParity, ZeroBubbleH1WithShardedOptimizerAndSelectiveRecomputeIsBitwiseOneFOneB) {
+  expect_schedules_bitwise(
+      "zb_h1", "1f1b",
+      {"parallelism.shard_optimizer=true", "training.recompute=selective", "parallelism.grad_bucket_mb=0"});
+}
+
+TEST(ParallelParity, ZeroBubbleH1Llama3Pp2Dp2MatchesTheSingleRankRun) {
+  std::string job = kJob;
+  job.replace(job.find("deepseek_v3_mtp"), 15, "llama3");
+  job.erase(job.find("n_layers = 4\n"), 13);
+  expect_parity("llama3 PP2 DP2 zb_h1", 4, {"parallelism.pp=2", "parallelism.dp=2", "parallelism.schedule=zb_h1"}, job);
+}
 
 TEST(ParallelParity, ZeroBubbleH1Pp2MatchesTheSingleRankRun) {
   expect_parity("PP2 zb_h1", 2, {"parallelism.pp=2", "parallelism.schedule=zb_h1"});
