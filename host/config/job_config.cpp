@@ -102,7 +102,7 @@ JobConfig read_job_config(ConfigTree& tree, int world_size, bool cuda_available)
   c.parallelism.pp = par.integer_as<int>("pp", 1, 1, kMaxRanksPerDim);
   c.parallelism.dp = par.integer_as<int>("dp", 1, 1, kMaxRanksPerDim);
   c.parallelism.ep = par.integer_as<int>("ep", 1, 1, kMaxRanksPerDim);
-  c.parallelism.schedule = par.choice("schedule", "1f1b", {"1f1b", "gpipe", "interleaved_1f1b", "zb_h1"});
+  c.parallelism.schedule = par.choice("schedule", "1f1b", {"1f1b", "gpipe", "interleaved_1f1b", "zb_h1", "zbv"});
   c.parallelism.microbatches = par.integer_as<int>("microbatches", 1, 1, kMaxMicrobatches);
   c.parallelism.stages_per_rank = par.integer_as<int>("stages_per_rank", 1, 1, kMaxStagesPerRank);
   if (c.parallelism.schedule == "interleaved_1f1b") {
@@ -113,9 +113,15 @@ JobConfig read_job_config(ConfigTree& tree, int world_size, bool cuda_available)
     if (c.parallelism.microbatches % c.parallelism.pp != 0)
       par.invalid("microbatches", cat("interleaved_1f1b needs a multiple of pp = ", c.parallelism.pp, ", got ",
                                       c.parallelism.microbatches));
+  } else if (c.parallelism.schedule == "zbv") {
+    if (c.parallelism.stages_per_rank != 2)
+      par.invalid("stages_per_rank", cat("zbv holds 2 stages per rank in a V (set stages_per_rank = 2), got ",
+                                         c.parallelism.stages_per_rank));
+    if (c.parallelism.pp < 2) par.invalid("pp", cat("zbv needs pp >= 2, got ", c.parallelism.pp));
   } else if (c.parallelism.stages_per_rank != 1) {
-    par.invalid("stages_per_rank", cat("only schedule = \"interleaved_1f1b\" holds several stages per rank; \"",
-                                       c.parallelism.schedule, "\" holds 1, got ", c.parallelism.stages_per_rank));
+    par.invalid("stages_per_rank",
+                cat("only schedule = \"interleaved_1f1b\" or \"zbv\" holds several stages per rank; \"",
+                    c.parallelism.schedule, "\" holds 1, got ", c.parallelism.stages_per_rank));
   }
   c.parallelism.timeout_s = par.integer_as<int>("timeout_s", 300, 1, kMaxTimeoutSeconds);
   c.parallelism.grad_bucket_mb = par.integer("grad_bucket_mb", 25, 0, kMaxBucketMb);
@@ -152,10 +158,10 @@ JobConfig read_job_config(ConfigTree& tree, int world_size, bool cuda_available)
   c.training.recompute = tr.choice("recompute", "none", {"none", "full", "selective"});
   // A fully recomputed block reruns its forward and whole backward pass inside one autograd
   // node, which has no separate weight pass to defer.
-  if (c.training.recompute == "full" && c.parallelism.schedule == "zb_h1")
-    tr.invalid("recompute",
-               "\"full\" cannot run under parallelism.schedule = \"zb_h1\", which splits each "
-               "backward pass into input and weight passes; use \"selective\" or another schedule");
+  if (c.training.recompute == "full" && (c.parallelism.schedule == "zb_h1" || c.parallelism.schedule == "zbv"))
+    tr.invalid("recompute", cat("\"full\" cannot run under parallelism.schedule = \"", c.parallelism.schedule,
+                                "\", which splits each backward pass into input and weight passes; use "
+                                "\"selective\" or another schedule"));
   c.training.device = tr.choice("device", "cpu", {"auto", "cpu", "cuda"});
   if (c.training.device == "auto") c.training.device = cuda_available ? "cuda" : "cpu";
   if (c.training.device == "cuda" && !cuda_available)

@@ -32,6 +32,7 @@ PipelineRunner::PipelineRunner(std::vector<ModelPart*> parts, Group& pp, const s
                                int64_t hidden_size, at::ScalarType compute_dtype, at::Device device)
     : parts_(std::move(parts)),
       pp_(pp),
+      schedule_(schedule),
       hidden_size_(hidden_size),
       activation_options_(at::TensorOptions().dtype(at::kFloat).device(device)),
       compute_dtype_(compute_dtype),
@@ -68,6 +69,25 @@ at::Tensor PipelineRunner::receive(const std::vector<int64_t>& shape, int peer, 
   return buffer;
 }
 
+void PipelineRunner::send(const at::Tensor& tensor, int to, int tag, std::vector<std::unique_ptr<Work>>& sends) {
+  if (rank_of(to) != stage_) {
+    sends.push_back(pp_.isend(tensor, rank_of(to), tag));
+    return;
+  }
+  // A copy: the receiving chunk must not share storage with the sender's autograd graph.
+  handed_over_[tag] = tensor.detach().clone();
+}
+
+at::Tensor PipelineRunner::receive_from(const std::vector<int64_t>& shape, int from, int tag) {
+  if (rank_of(from) != stage_) return receive(shape, rank_of(from), tag);
+  auto kept = handed_over_.find(tag);
+  if (kept == handed_over_.end())
+    throw std::logic_error(cat("pipeline: stage ", from, " has not handed over tag ", tag, " on this rank"));
+  at::Tensor tensor = std::move(kept->second);
+  handed_over_.erase(kept);
+  return tensor;
+}
+
 at::Tensor PipelineRunner::outgoing(at::Tensor output, const std::vector<int64_t>& shape, int virtual_stage) const {
   // The stream between stages is fp32 whatever a part computes in (a differentiable cast).
   if (output.is_floating_point() && output.scalar_type() != at::kFloat) output = output.to(at::kFloat);
@@ -92,6 +112,7 @@ at::Tensor PipelineRunner::run(const std::vector<at::Tensor>& tokens, const std:
   std::vector<std::unique_ptr<Work>> sends;
   at::Tensor loss_total = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
   timing_ = {};
+  handed_over_.clear();
   const Clock::time_point start = Clock::now();
 
   for (size_t index = 0; index < actions_.size(); ++index) {
@@ -105,8 +126,7 @@ at::Tensor PipelineRunner::run(const std::vector<at::Tensor>& tokens, const std:
                                         tokens[static_cast<size_t>(mb)].size(1), hidden_size_};
     if (action.kind == PipelineAction::forward) {
       if (!first)
-        f.input = receive(shape, neighbour(chunk, pp_.size() - 1), activation_tag(stage - 1, mb, microbatches))
-                      .requires_grad_(true);
+        f.input = receive_from(shape, stage - 1, activation_tag(stage - 1, mb, microbatches)).requires_grad_(true);
       at::Tensor t = tokens[static_cast<size_t>(mb)].to(device_), l = labels[static_cast<size_t>(mb)].to(device_);
       const Clock::time_point busy = Clock::now();
       {
@@ -119,7 +139,7 @@ at::Tensor PipelineRunner::run(const std::vector<at::Tensor>& tokens, const std:
         continue;
       }
       f.output = outgoing(f.output, shape, stage);
-      sends.push_back(pp_.isend(f.output.detach(), neighbour(chunk, 1), activation_tag(stage, mb, microbatches)));
+      send(f.output.detach(), stage + 1, activation_tag(stage, mb, microbatches), sends);
     } else if (action.kind == PipelineAction::weight) {
       if (!f.split) throw std::logic_error("pipeline: a weight pass before its backward pass");
       if (last_backward_[index] && before_last_backward_) before_last_backward_(chunk);
@@ -129,7 +149,7 @@ at::Tensor PipelineRunner::run(const std::vector<at::Tensor>& tokens, const std:
       f = InFlight{};  // the microbatch's graph and activations are freed here
     } else {
       at::Tensor grad;
-      if (!last) grad = receive(shape, neighbour(chunk, 1), gradient_tag(stage, mb, microbatches));
+      if (!last) grad = receive_from(shape, stage + 1, gradient_tag(stage, mb, microbatches));
       if (last_backward_[index] && before_last_backward_) before_last_backward_(chunk);
       const Clock::time_point busy = Clock::now();
       at::Tensor input_grad;
@@ -149,8 +169,7 @@ at::Tensor PipelineRunner::run(const std::vector<at::Tensor>& tokens, const std:
       timing_.busy_seconds += seconds_since(busy);
       if (!first) {
         if (!input_grad.defined()) input_grad = at::zeros(shape, activation_options_);
-        sends.push_back(
-            pp_.isend(input_grad, neighbour(chunk, pp_.size() - 1), gradient_tag(stage - 1, mb, microbatches)));
+        send(input_grad, stage - 1, gradient_tag(stage - 1, mb, microbatches), sends);
       }
       if (!split_) f = InFlight{};  // the microbatch's graph and activations are freed here
     }
@@ -163,6 +182,7 @@ at::Tensor PipelineRunner::run(const std::vector<at::Tensor>& tokens, const std:
 
 at::Tensor PipelineRunner::evaluate(const std::vector<at::Tensor>& tokens, const std::vector<at::Tensor>& labels) {
   c10::NoGradGuard no_grad;
+  handed_over_.clear();
   const auto microbatches = static_cast<int>(tokens.size());
   at::Tensor loss_total = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
   // Each microbatch through this rank's chunks in order. With one chunk, sends complete in
@@ -179,7 +199,7 @@ at::Tensor PipelineRunner::evaluate(const std::vector<at::Tensor>& tokens, const
       const at::Tensor& mb_tokens = tokens[static_cast<size_t>(mb)];
       const std::vector<int64_t> shape = {mb_tokens.size(0), mb_tokens.size(1), hidden_size_};
       at::Tensor input;
-      if (!first) input = receive(shape, neighbour(chunk, pp_.size() - 1), activation_tag(stage - 1, mb, microbatches));
+      if (!first) input = receive_from(shape, stage - 1, activation_tag(stage - 1, mb, microbatches));
       at::Tensor output;
       {
         AutocastScope autocast(device_, compute_dtype_);
@@ -191,12 +211,16 @@ at::Tensor PipelineRunner::evaluate(const std::vector<at::Tensor>& tokens, const
         loss_total.add_(output);
         continue;
       }
+      output = outgoing(output, shape, stage);
+      if (rank_of(stage + 1) == stage_) {  // the turn of a V: this rank's next chunk
+        handed_over_[activation_tag(stage, mb, microbatches)] = output;
+        continue;
+      }
       if (sends.size() == bound) {
         if (sends.front().first) sends.front().first->wait();
         sends.pop_front();
       }
-      output = outgoing(output, shape, stage);
-      std::unique_ptr<Work> work = pp_.isend(output, neighbour(chunk, 1), activation_tag(stage, mb, microbatches));
+      std::unique_ptr<Work> work = pp_.isend(output, rank_of(stage + 1), activation_tag(stage, mb, microbatches));
       sends.emplace_back(std::move(work), output);
     }
   for (auto& [work, kept] : sends)

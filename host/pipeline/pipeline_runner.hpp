@@ -1,14 +1,16 @@
 // Runs one step's forward and backward passes on this rank's pipeline stage — its model chunks,
 // one per virtual stage under interleaving — in the order of a schedule (pipeline/schedule.hpp).
-// Activations go to the next virtual stage and their gradients back over the pp group (chunk k
-// of rank r is virtual stage r + k pp: the next is on rank r + 1, or on rank 0 one chunk on):
-// sends are asynchronous (waited for at the end of the step), receives block, so any valid
-// schedule is free of deadlock.
+// Activations go to the next virtual stage and their gradients back over the pp group (where
+// the schedule places each chunk: chunk_stage): sends are asynchronous (waited for at the end
+// of the step), receives block, so any valid schedule is free of deadlock. Between two chunks
+// of the same rank (the turn of zbv's V) they are handed over in memory.
 #pragma once
 
 #include <ATen/ATen.h>
 
 #include <functional>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -54,13 +56,18 @@ class PipelineRunner {
  private:
   at::Tensor receive(const std::vector<int64_t>& shape, int peer, int tag);
   at::Tensor outgoing(at::Tensor output, const std::vector<int64_t>& shape, int virtual_stage) const;
-  int virtual_stage(int chunk) const { return stage_ + chunk * pp_.size(); }
-  // The pp rank of the virtual stage after (+1) or before (-1) chunk `chunk`'s.
-  int neighbour(int chunk, int step) const { return (virtual_stage(chunk) + step) % pp_.size(); }
+  // Sends `tensor` to virtual stage `to` on `tag`, or keeps it for this rank's own chunk.
+  void send(const at::Tensor& tensor, int to, int tag, std::vector<std::unique_ptr<Work>>& sends);
+  // Receives what virtual stage `from` sent on `tag`.
+  at::Tensor receive_from(const std::vector<int64_t>& shape, int from, int tag);
+  int virtual_stage(int chunk) const { return chunk_stage(schedule_, stage_, pp_.size(), chunk); }
+  int rank_of(int virtual_stage) const { return stage_rank(schedule_, virtual_stage, pp_.size()); }
 
   std::vector<ModelPart*> parts_;
   Group& pp_;
+  std::string schedule_;
   std::vector<PipelineAction> actions_;
+  std::map<int, at::Tensor> handed_over_;  ///< by tag: what one of this rank's chunks sent another
   int64_t hidden_size_;
   at::TensorOptions activation_options_;
   at::ScalarType compute_dtype_;

@@ -37,7 +37,67 @@ std::vector<PipelineAction> interleaved(int stage, int stages, int microbatches,
   return out;
 }
 
+// The V-shaped zero-bubble order (schedule.hpp). Each counter walks one chunk's passes in
+// microbatch order, so gradients accumulate as under every other schedule.
+std::vector<PipelineAction> zero_bubble_v(int rank, int ranks, int microbatches, int chunks) {
+  if (chunks != 2) throw std::invalid_argument(cat("pipeline: zbv runs 2 chunks per rank, got ", chunks));
+  std::vector<PipelineAction> out;
+  int forwards[2] = {0, 0}, backwards[2] = {0, 0}, weights[2] = {0, 0};
+  const int m = microbatches;
+  auto forward = [&](int c) {
+    if (forwards[c] < m) out.push_back({PipelineAction::forward, forwards[c]++, c});
+  };
+  auto backward = [&](int c) {
+    if (backwards[c] < forwards[c]) out.push_back({PipelineAction::backward, backwards[c]++, c});
+  };
+  auto weight = [&](int c) {
+    if (weights[c] < backwards[c]) out.push_back({PipelineAction::weight, weights[c]++, c});
+  };
+  auto all_three = [&](int c) {  // the next microbatch through chunk c, start to end
+    forward(c);
+    backward(c);
+    weight(c);
+  };
+  for (int i = 0; i < 2 * (ranks - rank) - 1; ++i) forward(0);
+  for (int i = 0; i < rank; ++i) {
+    forward(1);
+    forward(0);
+  }
+  for (int i = 0; i < ranks - rank; ++i) all_three(1);
+  while (forwards[1] < forwards[0] || forwards[0] < m) {
+    forward(0);
+    if (backwards[0] < backwards[1]) {
+      backward(0);
+      weight(0);
+    }
+    all_three(1);
+  }
+  for (int i = 0; i < rank; ++i) {
+    backward(0);
+    backward(1);
+  }
+  for (int i = 0; i < ranks - rank; ++i) {
+    backward(0);
+    weight(0);
+  }
+  while (backwards[1] < m) backward(1);
+  while (backwards[0] < m) backward(0);
+  while (weights[1] < m) weight(1);
+  while (weights[0] < m) weight(0);
+  return out;
+}
+
 }  // namespace
+
+int chunk_stage(const std::string& schedule, int rank, int ranks, int chunk) {
+  if (schedule == "zbv") return chunk == 0 ? rank : 2 * ranks - 1 - rank;
+  return rank + chunk * ranks;
+}
+
+int stage_rank(const std::string& schedule, int stage, int ranks) {
+  if (schedule == "zbv") return stage < ranks ? stage : 2 * ranks - 1 - stage;
+  return stage % ranks;
+}
 
 std::vector<PipelineAction> stage_actions(const std::string& schedule, int stage, int stages, int microbatches,
                                           int chunks) {
@@ -45,6 +105,7 @@ std::vector<PipelineAction> stage_actions(const std::string& schedule, int stage
     throw std::invalid_argument(cat("pipeline: stage ", stage, " of ", stages, " with ", microbatches,
                                     " microbatches and ", chunks, " chunk(s) is impossible"));
   if (schedule == "interleaved_1f1b") return interleaved(stage, stages, microbatches, chunks);
+  if (schedule == "zbv") return zero_bubble_v(stage, stages, microbatches, chunks);
   if (chunks != 1) throw std::invalid_argument(cat("pipeline: ", schedule, " runs one chunk per rank, got ", chunks));
   std::vector<PipelineAction> out;
   auto forward = [&](int mb) { out.push_back({PipelineAction::forward, mb}); };
@@ -140,7 +201,7 @@ double simulated_bubble_fraction(const std::string& schedule, int stages, int mi
       const size_t ri = static_cast<size_t>(r);
       while (next[ri] < actions[ri].size()) {
         const PipelineAction& a = actions[ri][next[ri]];
-        const int s = r + a.chunk * stages;
+        const int s = chunk_stage(schedule, r, stages, a.chunk);
         // What the pass receives: the previous stage's activation, or the next stage's gradient.
         double ready = 0;
         if (a.kind == PipelineAction::forward && s > 0) ready = forward_done[slot(s - 1, a.microbatch)];

@@ -9,8 +9,8 @@
 
 namespace keel {
 
-/// One pass of one microbatch through one of the rank's model chunks (chunk k of pipeline
-/// rank r is virtual stage r + k * stages; 0 without interleaving). Where a schedule has
+/// One pass of one microbatch through one of the rank's model chunks (chunk_stage() says which
+/// virtual stage a chunk is). Where a schedule has
 /// weight passes, a backward pass computes only the gradient of the chunk's input and the
 /// weight pass of the same microbatch later the parameters' gradients (split_backward.hpp).
 struct PipelineAction {
@@ -21,6 +21,14 @@ struct PipelineAction {
 
   bool operator==(const PipelineAction&) const = default;
 };
+
+/// The virtual stage of chunk `chunk` of pipeline rank `rank` (of `ranks`) under `schedule`:
+/// rank + chunk * ranks (a loop: interleaving), except under "zbv", whose V places chunk 0 at
+/// stage rank and chunk 1 at stage 2 ranks - 1 - rank (rank 0 holds the first and the last).
+int chunk_stage(const std::string& schedule, int rank, int ranks, int chunk);
+
+/// The pipeline rank holding virtual stage `stage` of `ranks` * chunks under `schedule`.
+int stage_rank(const std::string& schedule, int stage, int ranks);
 
 /// The actions of pipeline rank `stage` (0-based, of `stages`) holding `chunks` model chunks,
 /// for `microbatches` microbatches.
@@ -38,6 +46,14 @@ struct PipelineAction {
 ///            pass per microbatch, rank r deferring its first r weight passes to its cool-down
 ///            (the later the rank, the sooner its input gradients must leave). Every rank holds
 ///            up to `stages` microbatches until their weight passes, as 1f1b's first rank holds.
+///   "zbv":   the V-shaped zero-bubble schedule of the same paper, two chunks in V placement
+///            (chunk_stage), backward passes split: 2 (stages - r) - 1 forwards through chunk
+///            0, r pairs of forwards through chunk 1 and 0, stages - r rounds of chunk 1's
+///            forward, backward and weight pass; then per microbatch chunk 0's forward,
+///            backward and weight pass and chunk 1's; a cool-down of r pairs of backward
+///            passes, stages - r backward and weight passes of chunk 0, then the deferred
+///            weight passes. Ideal bubble (p - 1) / (6 m + p - 1) for m >= 2 p with equal
+///            passes; at most 2 stages chunk passes (stages microbatches' worth) held.
 /// Throws std::invalid_argument on an unknown schedule or impossible sizes.
 std::vector<PipelineAction> stage_actions(const std::string& schedule, int stage, int stages, int microbatches,
                                           int chunks = 1);

@@ -12,6 +12,7 @@
 #include "common/text.hpp"
 #include "config/component_table.hpp"
 #include "device/device.hpp"
+#include "pipeline/schedule.hpp"
 #include "pipeline/stage_split.hpp"
 
 namespace keel {
@@ -89,6 +90,14 @@ Job::Job(const RunOptions& options, bool meta, int offline_rank) : tree_(load_tr
   model_path_ = registry_->load(config_.model.plugin).path;
   clipper_path_ = registry_->load(config_.clipper.plugin).path;
 
+  // zbv puts a REPLICA beside its owner on one rank; keel::StageReplicas learned that in SDK
+  // 1.8, and an older model would wait forever in post_init. The same file on every rank, so
+  // every rank refuses alike, before any rendezvous.
+  if (const uint32_t minor = registry_->load(config_.model.plugin).descriptor->abi_minor;
+      par.schedule == "zbv" && minor < 8)
+    ConfigSection(tree_, "parallelism")
+        .invalid("schedule", cat("\"zbv\" needs a model plugin built against SDK 1.8 or newer; ", model_path_,
+                                 " was built against 1.", minor));
   HostServices services{mesh_.get(), &metrics_};
   const ComponentTable model_table = component_table(tree_, "model", config_.model.component);
   const ComponentTable clipper_table = component_table(tree_, "clipper", config_.clipper.component);
@@ -139,11 +148,12 @@ Job::Job(const RunOptions& options, bool meta, int offline_rank) : tree_(load_tr
     rendezvous.nccl = device_.is_cuda();
     mesh_->connect(rendezvous);
   }
-  // Chunk k of pipeline rank r is virtual stage r + k pp (one chunk without interleaving).
+  // Chunk k of pipeline rank r is virtual stage r + k pp (one chunk without interleaving; zbv's
+  // V: stages r and 2 pp - 1 - r).
   for (int chunk = 0; chunk < par.stages_per_rank; ++chunk) {
     keel_part_spec spec{};
     spec.struct_size = sizeof(spec);
-    spec.stage_index = mesh_->layout().pp_index + chunk * par.pp;
+    spec.stage_index = chunk_stage(par.schedule, mesh_->layout().pp_index, par.pp, chunk);
     spec.num_stages = virtual_stages;
     spec.first_layer = stages[static_cast<size_t>(spec.stage_index)].first;
     spec.num_layers = stages[static_cast<size_t>(spec.stage_index)].count;

@@ -57,7 +57,7 @@ class DeepSeekV3 {
     placement.host = host_.raw();
     placement.group = host_.group(KEEL_GROUP_EP);
     parts_.push_back(std::make_unique<deepseek_v3::Part>(host_.raw(), args_, spec, placement));
-    if (at::Tensor* embedding = parts_.back()->embedding()) embeddings_.hold(*embedding);
+    if (at::Tensor* embedding = parts_.back()->embedding()) embeddings_.hold(*embedding, spec.stage_index != 0);
     return *parts_.back();
   }
 

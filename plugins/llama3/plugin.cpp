@@ -41,7 +41,7 @@ class Llama3 {
   }
   keel::Part& build_part(const keel_part_spec& spec) {
     parts_.push_back(std::make_unique<llama3::Part>(host_.raw(), args_, spec));
-    if (at::Tensor* embedding = parts_.back()->tok_embeddings()) embeddings_.hold(*embedding);
+    if (at::Tensor* embedding = parts_.back()->tok_embeddings()) embeddings_.hold(*embedding, spec.stage_index != 0);
     return *parts_.back();
   }
   void post_init() { embeddings_.post_init(host_, /*shared=*/args_.tie_embeddings); }

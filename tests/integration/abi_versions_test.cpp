@@ -1,5 +1,5 @@
 // Plugins of every ABI minor load, train and (from 1.1) export in this host: the same raw-ABI
-// model and clipper built as 1.0 to 1.7 and a future 1.8 (tests/plugins/versioned_model.cpp),
+// model and clipper built as 1.0 to 1.8 and a future 1.9 (tests/plugins/versioned_model.cpp),
 // each with traps beyond its struct sizes that a host reading too far would trip over.
 #include <gtest/gtest.h>
 
@@ -64,8 +64,8 @@ TEST_P(AbiVersions, InspectListsExportAndIgnoredExtensions) {
   const bool exports = r.output.find("export_state") != std::string::npos;
   EXPECT_EQ(exports, GetParam() >= 1) << r.output;
   EXPECT_EQ(r.output.find("[extension; formats: hf]") != std::string::npos, GetParam() >= 2) << r.output;
-  // 0x7e57: the 1.8 plugin's extension that this host cannot know.
-  EXPECT_EQ(r.output.find("does not know (ignored): 32343") != std::string::npos, GetParam() == 8) << r.output;
+  // 0x7e57: the 1.9 plugin's extension that this host cannot know.
+  EXPECT_EQ(r.output.find("does not know (ignored): 32343") != std::string::npos, GetParam() == 9) << r.output;
   // From 1.3 the clipper declares its one key; the model declares none.
   const bool listed =
       r.output.find(
@@ -178,7 +178,26 @@ TEST(HeaderExample, TheRawAbiClipperInKeelHTrainsTheTinyLlama) {
   EXPECT_NE(test::read_file(dir / "run/metrics.jsonl").find("\"step\":3"), std::string::npos);
 }
 
-INSTANTIATE_TEST_SUITE_P(Minor, AbiVersions, ::testing::Values(0, 1, 2, 3, 4, 5, 6, 7, 8),
+// zbv puts a REPLICA beside its owner, which keel::StageReplicas handles from SDK 1.8: an older
+// model is refused up front, on every rank alike, rather than left waiting in post_init.
+TEST(AbiVersionsZeroBubbleV, AModelBuiltBeforeSdk18IsRefusedNamingTheVersion) {
+  test::TempDir dir;
+  test::write_file(dir / "job.toml",
+                   "[model]\nplugin = \"versioned_1_7\"\ncomponent = \"model\"\n[training]\nsteps = 1\n"
+                   "seq_len = 8\nglobal_batch = 2\nthreads = 1\n[parallelism]\npp = 2\nschedule = \"zbv\"\n"
+                   "stages_per_rank = 2\n");
+  test::CommandResult r = test::run_command(
+      "RANK=0 WORLD_SIZE=2 MASTER_PORT=" + std::to_string(test::free_port()) + " timeout 60 " + test::bin_dir() +
+      "/keel-train --config " + (dir / "job.toml") + " --plugin-path " + test::test_plugin_dir() + " --plugin-path " +
+      test::plugin_dir() + " --set job.run_dir=\\\"" + (dir / "run") + "\\\"");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("parallelism.schedule: \"zbv\" needs a model plugin built against SDK 1.8 or newer; "),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("versioned_1_7.so was built against 1.7"), std::string::npos) << r.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(Minor, AbiVersions, ::testing::Values(0, 1, 2, 3, 4, 5, 6, 7, 8, 9),
                          [](const ::testing::TestParamInfo<int>& info) { return "v1_" + std::to_string(info.param); });
 
 }  // namespace

@@ -138,12 +138,17 @@ TEST(Checkpoint, Pp2Dp2Ep2CheckpointResumesUnderZeroBubbleH1) {
   expect_resumes_pp2_dp2_ep2("zb_h1", 4, with(kPp2Dp2Ep2, {"parallelism.schedule=zb_h1"}));
 }
 
-TEST(Checkpoint, AnInterleavedCheckpointResumesUnderOneFOneB) {
-  // Two stages per rank (layers 0 and 2 on rank 0, 1 and 3 on rank 1) saved, one per rank
-  // loaded: the same canonical entries, re-saved bitwise, and the next step within the bound.
+// The V: rank 0 holds the embedding and its REPLICA side by side; the checkpoint has one copy.
+TEST(Checkpoint, Pp2Dp2Ep2CheckpointResumesUnderZeroBubbleV) {
+  expect_resumes_pp2_dp2_ep2("zbv", 4, with(kPp2Dp2Ep2, {"parallelism.schedule=zbv", "parallelism.stages_per_rank=2"}));
+}
+
+// A run of `schedule_sets` on PP2 saves at step 5; one stage per rank re-saves the same canonical
+// entries bitwise and its next step stays within the bound.
+void expect_resumes_under_one_f_one_b(const std::vector<std::string>& schedule_sets) {
   test::TempDir dir;
-  const std::vector<std::string> interleaved = with({"parallelism.pp=2"}, kInterleaved);
-  JobRun source = test::run_job(dir, "source", 2, kJob, interleaved);
+  const std::vector<std::string> source_sets = with({"parallelism.pp=2"}, schedule_sets);
+  JobRun source = test::run_job(dir, "source", 2, kJob, source_sets);
   ASSERT_EQ(source.result.status, 0) << source.result.output;
   JobRun resaved = test::run_job(dir, "resaved", 2, kJob, {"parallelism.pp=2", load(source, 5), "training.steps=5"});
   ASSERT_EQ(resaved.result.status, 0) << resaved.result.output;
@@ -153,6 +158,14 @@ TEST(Checkpoint, AnInterleavedCheckpointResumesUnderOneFOneB) {
   ASSERT_EQ(next.steps, (std::vector<int64_t>{6}));
   EXPECT_NEAR(next.loss[0], source.loss[5], test::kLossRtol * source.loss[5]);
   EXPECT_NEAR(next.grad_norm[0], source.grad_norm[5], test::kLossRtol * source.grad_norm[5]);
+}
+
+// Two stages per rank (layers 0 and 2 on rank 0, 1 and 3 on rank 1) saved, one per rank loaded.
+TEST(Checkpoint, AnInterleavedCheckpointResumesUnderOneFOneB) { expect_resumes_under_one_f_one_b(kInterleaved); }
+
+// The V saved: rank 0 held the embedding and its REPLICA side by side and wrote one copy.
+TEST(Checkpoint, AZeroBubbleVCheckpointResumesUnderOneFOneB) {
+  expect_resumes_under_one_f_one_b({"parallelism.schedule=zbv", "parallelism.stages_per_rank=2"});
 }
 
 TEST(Checkpoint, AKillDuringASaveLeavesThePreviousCheckpointLoadable) {

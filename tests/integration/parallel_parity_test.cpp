@@ -214,6 +214,30 @@ TEST(ParallelParity, ZeroBubbleH1Llama3Pp2Dp2MatchesTheSingleRankRun) {
   expect_parity("llama3 PP2 DP2 zb_h1", 4, {"parallelism.pp=2", "parallelism.dp=2", "parallelism.schedule=zb_h1"}, job);
 }
 
+const std::vector<std::string> kZeroBubbleV = {"parallelism.schedule=zbv", "parallelism.stages_per_rank=2"};
+
+// The V: rank 0 holds stages 0 and 3 (the embedding, the head with MTP and the embedding's
+// REPLICA), rank 1 stages 1 and 2, handed over in memory at the turn.
+TEST(ParallelParity, ZeroBubbleVPp2MatchesTheSingleRankRun) {
+  std::vector<std::string> sets = {"parallelism.pp=2"};
+  sets.insert(sets.end(), kZeroBubbleV.begin(), kZeroBubbleV.end());
+  expect_parity("PP2 zbv", 2, sets);
+}
+
+TEST(ParallelParity, ZeroBubbleVPp2Dp2Ep2MatchesTheSingleRankRun) {
+  std::vector<std::string> sets = {"parallelism.pp=2", "parallelism.dp=2", "parallelism.ep=2"};
+  sets.insert(sets.end(), kZeroBubbleV.begin(), kZeroBubbleV.end());
+  expect_parity("PP2 DP2 EP2 zbv", 4, sets);
+}
+
+TEST(ParallelParity, ZeroBubbleVLlama3Pp2MatchesTheSingleRankRun) {
+  std::string job = kJob;
+  job.replace(job.find("deepseek_v3_mtp"), 15, "llama3");
+  std::vector<std::string> sets = {"parallelism.pp=2"};
+  sets.insert(sets.end(), kZeroBubbleV.begin(), kZeroBubbleV.end());
+  expect_parity("llama3 PP2 zbv", 2, sets, job);
+}
+
 TEST(ParallelParity, ZeroBubbleH1Pp2MatchesTheSingleRankRun) {
   expect_parity("PP2 zb_h1", 2, {"parallelism.pp=2", "parallelism.schedule=zb_h1"});
 }
@@ -336,10 +360,25 @@ TEST(BadLayout, ZeroBubbleWithFullRecomputationIsRefused) {
                  "training.recompute: \"full\" cannot run under parallelism.schedule = \"zb_h1\"");
 }
 
+TEST(BadLayout, ZeroBubbleVHoldsTwoStagesPerRankOnTwoOrMoreRanks) {
+  expect_refused("2", " --set parallelism.pp=2 --set parallelism.schedule=zbv",
+                 "parallelism.stages_per_rank: zbv holds 2 stages per rank in a V (set stages_per_rank = 2), got 1");
+  expect_refused("1", " --set parallelism.schedule=zbv --set parallelism.stages_per_rank=2",
+                 "parallelism.pp: zbv needs pp >= 2, got 1");
+  expect_refused("4", " --set parallelism.pp=4 --set parallelism.schedule=zbv --set parallelism.stages_per_rank=2",
+                 "parallelism.stages_per_rank: the model's 4 layers do not divide into pp x stages_per_rank = 8 equal "
+                 "stages");
+  expect_refused("2",
+                 " --set parallelism.pp=2 --set parallelism.schedule=zbv --set parallelism.stages_per_rank=2 --set "
+                 "training.recompute=full",
+                 "training.recompute: \"full\" cannot run under parallelism.schedule = \"zbv\"");
+}
+
 TEST(BadLayout, SeveralStagesPerRankNeedTheInterleavedSchedule) {
-  expect_refused("2", " --set parallelism.pp=2 --set parallelism.stages_per_rank=2",
-                 "parallelism.stages_per_rank: only schedule = \"interleaved_1f1b\" holds several stages per rank; "
-                 "\"1f1b\" holds 1, got 2");
+  expect_refused(
+      "2", " --set parallelism.pp=2 --set parallelism.stages_per_rank=2",
+      "parallelism.stages_per_rank: only schedule = \"interleaved_1f1b\" or \"zbv\" holds several stages per rank; "
+      "\"1f1b\" holds 1, got 2");
 }
 
 TEST(DryRun, EveryRankPartOfALayoutIsPrintedFromOneProcess) {

@@ -77,6 +77,12 @@ TEST(Validation, InterleavedPp2MatchesTheSingleRankRun) {
       "PP2 v2", 2, {"parallelism.pp=2", "parallelism.schedule=interleaved_1f1b", "parallelism.stages_per_rank=2"});
 }
 
+// The forward-only pass down the V and back up, turning on rank 1.
+TEST(Validation, ZeroBubbleVPp2MatchesTheSingleRankRun) {
+  expect_validation_parity("PP2 zbv", 2,
+                           {"parallelism.pp=2", "parallelism.schedule=zbv", "parallelism.stages_per_rank=2"});
+}
+
 TEST(Validation, Pp4MatchesTheSingleRankRun) { expect_validation_parity("PP4", 4, {"parallelism.pp=4"}); }
 
 TEST(Validation, Dp2Ep2MatchesTheSingleRankRun) {

@@ -227,6 +227,61 @@ TEST(PipelineSchedule, ZeroBubbleH1HoldsEachMicrobatchUntilItsWeightPass) {
   EXPECT_EQ(peak_in_flight(stage_actions("1f1b", 1, 2, 4)), 1);
 }
 
+TEST(PipelineSchedule, ZeroBubbleVPlacesRankRAtStagesRAndTwoPMinusOneMinusR) {
+  EXPECT_EQ(chunk_stage("zbv", 0, 4, 0), 0);
+  EXPECT_EQ(chunk_stage("zbv", 0, 4, 1), 7);
+  EXPECT_EQ(chunk_stage("zbv", 3, 4, 0), 3);
+  EXPECT_EQ(chunk_stage("zbv", 3, 4, 1), 4);
+  for (int stage = 0; stage < 8; ++stage) {
+    const int rank = stage_rank("zbv", stage, 4);
+    EXPECT_TRUE(chunk_stage("zbv", rank, 4, 0) == stage || chunk_stage("zbv", rank, 4, 1) == stage) << stage;
+    EXPECT_EQ(stage_rank("interleaved_1f1b", stage, 4), stage % 4);
+    EXPECT_EQ(chunk_stage("interleaved_1f1b", stage % 4, 4, stage / 4), stage);
+  }
+  EXPECT_EQ(chunk_stage("1f1b", 2, 4, 0), 2);
+  EXPECT_THROW(stage_actions("zbv", 0, 2, 4, 1), std::invalid_argument);
+}
+
+TEST(PipelineSchedule, ZeroBubbleVPassesEachChunkInMicrobatchOrderWithoutDeadlock) {
+  for (int stages = 1; stages <= 8; ++stages)
+    for (int m = 1; m <= 24; ++m)
+      for (int stage = 0; stage < stages; ++stage) {
+        const std::vector<A> actions = stage_actions("zbv", stage, stages, m, 2);
+        ASSERT_EQ(actions.size(), static_cast<size_t>(6 * m));
+        for (int chunk = 0; chunk < 2; ++chunk) {
+          std::vector<int> seen[3];
+          std::vector<int> phase(static_cast<size_t>(m), 0);
+          for (const A& a : actions) {
+            if (a.chunk != chunk) continue;
+            int& p = phase[static_cast<size_t>(a.microbatch)];
+            EXPECT_EQ(p, static_cast<int>(a.kind)) << "forward, backward, weight in that order";
+            p = static_cast<int>(a.kind) + 1;
+            seen[static_cast<int>(a.kind)].push_back(a.microbatch);
+          }
+          std::vector<int> in_order(static_cast<size_t>(m));
+          for (int i = 0; i < m; ++i) in_order[static_cast<size_t>(i)] = i;
+          for (const std::vector<int>& passes : seen)
+            EXPECT_EQ(passes, in_order) << stages << " ranks, " << m << " microbatches, rank " << stage;
+        }
+        EXPECT_LE(peak_in_flight(actions), 2 * stages) << "a microbatch's worth per rank, as 1f1b's first rank";
+      }
+  for (int stages = 1; stages <= 8; ++stages)
+    for (int m = 1; m <= 24; ++m)
+      EXPECT_NO_THROW(simulated_bubble_fraction("zbv", stages, m, 2, 1.0, 1.0, 1.0)) << stages << " x " << m;
+}
+
+TEST(PipelineSchedule, ZeroBubbleVIdlesOnlyToFillThePipeline) {
+  // Equal passes of a chunk (half a rank's layers): (p - 1) forwards' worth of idle time per
+  // rank against 6 m passes, once m >= 2p.
+  for (int stages : {2, 4, 8})
+    for (int m : {2 * stages, 3 * stages, 4 * stages}) {
+      const double zbv = simulated_bubble_fraction("zbv", stages, m, 2, 1.0, 1.0, 1.0);
+      EXPECT_NEAR(zbv, static_cast<double>(stages - 1) / (6.0 * m + stages - 1), 1e-12) << stages << " x " << m;
+      // The same work per rank under zb_h1 (passes of a whole rank's layers take twice as long).
+      EXPECT_LT(zbv, simulated_bubble_fraction("zb_h1", stages, m, 1, 2.0, 2.0, 2.0));
+    }
+}
+
 TEST(StageSplit, BalancedSplitGivesEarlierStagesTheRemainder) {
   std::vector<StageLayers> s = split_layers(7, 3);
   ASSERT_EQ(s.size(), 3u);

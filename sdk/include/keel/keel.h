@@ -29,7 +29,10 @@
  *     and KEEL_EXTENSION_MODEL_MEMORY (a model estimates the activations a forward keeps).
  *     1.7: KEEL_HOOK_PRE_CLIP_REPLICAS_ONLY (a model's pre_clip reads only REPLICA copies and
  *     their owners) and KEEL_EXTENSION_CLIPPER_SHARDS (a clipper clips reduce-scattered
- *     gradients: each rank holds the reduced rows it steps).
+ *     gradients: each rank holds the reduced rows it steps). 1.8: nothing new crosses the
+ *     boundary; the helper keel::StageReplicas keeps a REPLICA that sits beside its owner
+ *     on one rank (the V of parallelism.schedule = "zbv"), and the host runs zbv only with
+ *     model plugins of 1.8 or newer.
  *
  * Ownership and lifetime:
  *   - Every pointer handed across the boundary is borrowed for the duration of the call unless
@@ -137,7 +140,7 @@ extern "C" {
 /* ---------------------------------------------------------------- versions and basics */
 
 #define KEEL_ABI_MAJOR 1
-#define KEEL_ABI_MINOR 7
+#define KEEL_ABI_MINOR 8
 
 /* The size of struct T up to and including `last_field`: the minimum struct_size a receiver
  * needs when it reads fields up to that one (sizeof(T) may add trailing padding). */

@@ -8,8 +8,12 @@
 //     last stage} group of its data-parallel replica);
 //   - pre_clip, after the host's data-parallel reduction: each copy's gradient becomes the sum
 //     of both (SUM all-reduce over the same group; a + b == b + a, so both hold the same bits).
-// StageReplicas does both. Use:
-//   build_part:  if (part holds the tensor) replicas_.hold(tensor);   // owner or REPLICA
+// StageReplicas does both. Where one rank holds both stages (the V of parallelism.schedule =
+// "zbv" puts the first and the last stage on pipeline rank 0; SDK 1.8), the copies sit side by
+// side: post_init copies the owner's bits into the REPLICA and pre_clip adds the two gradients
+// in place (owner += replica, then replica = owner: the bits a two-member SUM gives either
+// copy), with no collective. Use:
+//   build_part:  if (part holds the tensor) replicas_.hold(tensor, /*replica=*/stage != 0);
 //   post_init:   replicas_.post_init(host_, /*shared=*/config says a replica exists);
 //   pre_clip:    replicas_.pre_clip(host_);
 // pre_clip is capture-safe (no host sync, no allocation: the same collectives on the same
@@ -24,6 +28,7 @@
 
 #include <keel/host.hpp>
 
+#include <string>
 #include <vector>
 
 namespace keel {
@@ -31,9 +36,12 @@ namespace keel {
 /// The copies, on the first and the last pipeline stage, of parameters the first stage owns.
 class StageReplicas {
  public:
-  /// Registers a copy this rank holds (the owner or a REPLICA), in the same order on both
-  /// stages. The tensor must outlive this object.
-  void hold(at::Tensor& copy) { copies_.push_back(&copy); }
+  /// Registers a copy this rank holds, the owner (first stage) or the REPLICA (last stage), in
+  /// the same order on both stages. The tensor must outlive this object. (SDK 1.8)
+  void hold(at::Tensor& copy, bool replica) { (replica ? replicas_ : owners_).push_back(&copy); }
+  /// Registers a copy without saying which: a rank holds one stage's copies only (before SDK
+  /// 1.8; the host refuses the zbv schedule for such a plugin).
+  void hold(at::Tensor& copy) { owners_.push_back(&copy); }
 
   /// [once][collective: world] Creates, when `shared` (the layout-independent fact that the
   /// model holds a replica under pipeline parallelism; equal on every rank) and pp > 1, the
@@ -42,20 +50,28 @@ class StageReplicas {
   void post_init(const Host& host, bool shared) {
     const keel_mesh_info mesh = host.mesh();
     group_ = nullptr;
+    side_by_side_ = !owners_.empty() && !replicas_.empty();
+    if (side_by_side_ && owners_.size() != replicas_.size())
+      throw Error(KEEL_ERROR_INTERNAL, "StageReplicas: this rank holds " + std::to_string(owners_.size()) +
+                                           " owner(s) and " + std::to_string(replicas_.size()) + " REPLICA(s)");
     if (shared && mesh.pp > 1)
       for (int32_t r = 0; r < mesh.dp; ++r) {
         // rank = pp_index * dp + dp_index: replica r's first stage is rank r, its last (pp-1)dp + r.
         keel_group* g = host.new_group({r, (mesh.pp - 1) * mesh.dp + r});
         if (g != nullptr) group_ = g;
       }
+    c10::NoGradGuard no_grad;
+    if (side_by_side_) {  // both stages here: the other member of the group holds neither
+      for (size_t i = 0; i < owners_.size(); ++i) replicas_[i]->detach().copy_(owners_[i]->detach());
+      return;
+    }
     if (group_ == nullptr) {
-      if (shared && mesh.pp > 1 && !copies_.empty())
+      if (shared && mesh.pp > 1 && !(owners_.empty() && replicas_.empty()))
         throw Error(KEEL_ERROR_INTERNAL,
                     "StageReplicas: a copy is held on a rank of neither the first nor the last stage");
       return;
     }
-    c10::NoGradGuard no_grad;
-    for (at::Tensor* copy : copies_) {
+    for (at::Tensor* copy : owners_.empty() ? replicas_ : owners_) {
       at::Tensor data = copy->detach();
       host.broadcast(group_, data, /*root=*/0);  // group rank 0 is the first stage
     }
@@ -64,8 +80,17 @@ class StageReplicas {
   /// [every step][collective: {first, last}][capture-safe] After the data-parallel
   /// reduction: every copy's gradient becomes the sum of both copies' gradients.
   void pre_clip(const Host& host) const {
+    if (side_by_side_) {
+      for (size_t i = 0; i < owners_.size(); ++i) {
+        at::Tensor owner = owners_[i]->mutable_grad(), replica = replicas_[i]->mutable_grad();
+        if (!owner.defined() || !replica.defined()) continue;
+        owner.add_(replica);
+        replica.copy_(owner);
+      }
+      return;
+    }
     if (group_ == nullptr) return;
-    for (at::Tensor* copy : copies_)
+    for (at::Tensor* copy : owners_.empty() ? replicas_ : owners_)
       if (copy->grad().defined()) {
         at::Tensor grad = copy->mutable_grad();
         host.all_reduce(group_, grad, KEEL_REDUCE_SUM);
@@ -76,8 +101,9 @@ class StageReplicas {
   keel_group* group() const { return group_; }
 
  private:
-  std::vector<at::Tensor*> copies_;
+  std::vector<at::Tensor*> owners_, replicas_;
   keel_group* group_ = nullptr;
+  bool side_by_side_ = false;  ///< this rank holds the owners and the REPLICAs
 };
 
 }  // namespace keel
