@@ -295,6 +295,11 @@ void Trainer::report_pipeline_bubble() {
   const double busy = all.select(1, 0).sum().item<double>();
   const double bubble = makespan > 0 ? 1.0 - busy / (makespan * pp.size()) : 0.0;
   job_.step_metrics().report("pipeline_bubble", at::full({}, bubble, at::kDouble), KEEL_METRIC_MEAN);
+  // The part of it no schedule can remove: the idle share had every stage run its passes back
+  // to back, the busiest stage setting the makespan. Unequal stages, not the schedule.
+  const double busiest = all.select(1, 0).max().item<double>();
+  const double imbalance = busiest > 0 ? 1.0 - busy / (busiest * pp.size()) : 0.0;
+  job_.step_metrics().report("pipeline_imbalance", at::full({}, imbalance, at::kDouble), KEEL_METRIC_MEAN);
 }
 
 }  // namespace keel

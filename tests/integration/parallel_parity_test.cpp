@@ -9,6 +9,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <string>
+#include <vector>
 
 #include "job_runs.hpp"
 #include "tolerance.hpp"
@@ -216,12 +218,25 @@ TEST(ParallelParity, ZeroBubbleH1Llama3Pp2Dp2MatchesTheSingleRankRun) {
 
 const std::vector<std::string> kZeroBubbleV = {"parallelism.schedule=zbv", "parallelism.stages_per_rank=2"};
 
+// Every logged step of a pipelined run reports its bubble and the share of it that unequal
+// stages force (pipeline_imbalance), which no schedule goes below: 0 <= imbalance <= bubble.
+void expect_bubble_metrics(const JobRun& run) {
+  const std::vector<double>& bubble = run.pipeline.at("pipeline_bubble");
+  const std::vector<double>& imbalance = run.pipeline.at("pipeline_imbalance");
+  ASSERT_EQ(bubble.size(), 10u);
+  ASSERT_EQ(imbalance.size(), 10u);
+  for (size_t s = 0; s < bubble.size(); ++s) {
+    EXPECT_GE(imbalance[s], 0.0) << "step " << s + 1;
+    EXPECT_LE(imbalance[s], bubble[s]) << "step " << s + 1;
+  }
+}
+
 // The V: rank 0 holds stages 0 and 3 (the embedding, the head with MTP and the embedding's
 // REPLICA), rank 1 stages 1 and 2, handed over in memory at the turn.
 TEST(ParallelParity, ZeroBubbleVPp2MatchesTheSingleRankRun) {
   std::vector<std::string> sets = {"parallelism.pp=2"};
   sets.insert(sets.end(), kZeroBubbleV.begin(), kZeroBubbleV.end());
-  expect_parity("PP2 zbv", 2, sets);
+  expect_bubble_metrics(expect_parity("PP2 zbv", 2, sets));
 }
 
 TEST(ParallelParity, ZeroBubbleVPp2Dp2Ep2MatchesTheSingleRankRun) {
@@ -239,7 +254,7 @@ TEST(ParallelParity, ZeroBubbleVLlama3Pp2MatchesTheSingleRankRun) {
 }
 
 TEST(ParallelParity, ZeroBubbleH1Pp2MatchesTheSingleRankRun) {
-  expect_parity("PP2 zb_h1", 2, {"parallelism.pp=2", "parallelism.schedule=zb_h1"});
+  expect_bubble_metrics(expect_parity("PP2 zb_h1", 2, {"parallelism.pp=2", "parallelism.schedule=zb_h1"}));
 }
 
 // The comparison has teeth: a genuinely wrong run (a learning rate 10% too large, as a schedule

@@ -63,6 +63,7 @@ struct JobRun {
   std::vector<int64_t> steps;  ///< the logged steps, in order
   std::vector<double> loss, grad_norm;
   std::map<int64_t, std::map<std::string, double>> validation;  ///< by step: its "val_*" figures
+  std::map<std::string, std::vector<double>> pipeline;          ///< "pipeline_*" figures, step by step
   std::map<std::string, at::Tensor> state;                      ///< final/state.safetensors when debug.dump_state
 };
 
@@ -88,7 +89,10 @@ inline JobRun run_job(const TempDir& dir, const std::string& name, int ranks, co
     run.loss.push_back(number_from_json(j["loss"]));
     run.grad_norm.push_back(number_from_json(j["grad_norm"]));
     for (const auto& [key, value] : j.items())
-      if (key.rfind("val_", 0) == 0) run.validation[j["step"]][key] = number_from_json(value);
+      if (key.rfind("val_", 0) == 0)
+        run.validation[j["step"]][key] = number_from_json(value);
+      else if (key.rfind("pipeline_", 0) == 0)
+        run.pipeline[key].push_back(number_from_json(value));
   }
   if (std::filesystem::exists(run.dir + "/final/state.safetensors"))
     run.state = read_safetensors(run.dir + "/final/state.safetensors").tensors;
