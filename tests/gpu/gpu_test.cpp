@@ -5,6 +5,7 @@
 
 #include "common/error.hpp"
 #include "device/device.hpp"
+#include "pipeline/split_backward.hpp"
 #include "test_support.hpp"
 #include "train/job.hpp"
 #include "train/trainer.hpp"
@@ -105,6 +106,34 @@ TEST(Gpu, AHookNotDeclaredCaptureSafeIsRefusedNamingIt) {
   // "auto" falls back to the eager program and trains.
   GpuRun run = train(kLlama, {"training.device=cuda", "clipper.plugin=faulty", "clipper.component=host_sync"}, 3);
   EXPECT_FALSE(run.captured);
+}
+
+// The zero-bubble schedules' split backward on CUDA, where the engine runs each device's nodes
+// on its own thread: an input pass and a weight pass give the whole pass's gradients bit for bit.
+TEST(Gpu, SplitBackwardOnCudaIsBitwiseTheWholePass) {
+  SKIP_WITHOUT_GPU();
+  auto grads = [](bool split) {
+    at::manual_seed(3);
+    const at::TensorOptions cuda = at::TensorOptions().device(at::kCUDA);
+    at::Tensor w1 = at::randn({64, 32}, cuda).requires_grad_(true);
+    at::Tensor norm = (at::rand({64}, cuda) + 0.5).requires_grad_(true);
+    at::Tensor w2 = at::randn({32, 64}, cuda).requires_grad_(true);
+    at::Tensor x = at::randn({16, 32}, cuda).requires_grad_(true);
+    at::Tensor out = at::linear(at::silu(at::rms_norm(at::linear(x, w1), {64}, norm, 1e-6)), w2);
+    out = at::linear(at::tanh(at::linear(out, w1)), w2) + out;  // w1 and w2 reached twice
+    at::Tensor g = at::randn(out.sizes(), cuda);
+    if (split) {
+      SplitBackward pass(out, x);
+      at::Tensor input_grad = pass.input_pass(g);
+      EXPECT_FALSE(w1.grad().defined()) << "the input pass accumulated a weight";
+      pass.weight_pass();
+      return std::vector<at::Tensor>{input_grad.cpu(), w1.grad().cpu(), norm.grad().cpu(), w2.grad().cpu()};
+    }
+    out.backward(g);
+    return std::vector<at::Tensor>{x.grad().cpu(), w1.grad().cpu(), norm.grad().cpu(), w2.grad().cpu()};
+  };
+  const std::vector<at::Tensor> whole = grads(false), split = grads(true);
+  for (size_t i = 0; i < whole.size(); ++i) EXPECT_TRUE(at::equal(whole[i], split[i])) << "gradient " << i;
 }
 
 TEST(Gpu, Bf16TrainsAndTracksFp32) {
