@@ -39,9 +39,11 @@ class StageReplicas {
   /// Registers a copy this rank holds, the owner (first stage) or the REPLICA (last stage), in
   /// the same order on both stages. The tensor must outlive this object. (SDK 1.8)
   void hold(at::Tensor& copy, bool replica) { (replica ? replicas_ : owners_).push_back(&copy); }
-  /// Registers a copy without saying which: a rank holds one stage's copies only (before SDK
-  /// 1.8; the host refuses the zbv schedule for such a plugin).
-  void hold(at::Tensor& copy) { owners_.push_back(&copy); }
+  /// Registers a copy without saying which (before SDK 1.8). It cannot tell two copies on one
+  /// rank apart, and under zbv that rank would wait in post_init for a peer holding neither.
+  [[deprecated("say which copy: hold(tensor, /*replica=*/stage_index != 0)")]] void hold(at::Tensor& copy) {
+    owners_.push_back(&copy);
+  }
 
   /// [once][collective: world] Creates, when `shared` (the layout-independent fact that the
   /// model holds a replica under pipeline parallelism; equal on every rank) and pp > 1, the
