@@ -16,12 +16,12 @@ using torch::autograd::edge_list;
 using torch::autograd::Node;
 using torch::autograd::variable_list;
 
-// The gradients a branch node received in the input pass; inert afterwards.
+// The gradients a branch node received in the input pass (the weight pass removes the hook
+// before it runs the node again).
 struct SplitBackward::Capture : torch::autograd::FunctionPreHook {
   variable_list grads;
-  bool armed = true;
   variable_list operator()(const variable_list& inputs) override {
-    if (armed) grads = inputs;
+    grads = inputs;
     return inputs;
   }
 };
@@ -149,7 +149,6 @@ void SplitBackward::weight_pass() {
   for (size_t b = 0; b < branches_.size(); ++b) {
     Node& node = *branches_[b];
     Capture& capture = *captures_[b];
-    capture.armed = false;
     // Cut the branch's edges into the input's path, so that only its parameter-side gradients
     // are computed and nothing the input pass ran runs again; the hooks it ran there do not run
     // twice either.
