@@ -42,6 +42,8 @@ keel_mesh_info MeshLayout::info() const {
 Mesh::Mesh(const MeshLayout& layout) : layout_(layout) {
   for (int kind = KEEL_GROUP_WORLD; kind <= KEEL_GROUP_EDP; ++kind)
     groups_.push_back(std::make_unique<SoloGroup>(layout.rank));
+  for (int link = 0; link < kMeshPipelineLinks; ++link)
+    pipeline_links_.push_back(std::make_unique<SoloGroup>(layout.rank));
 }
 
 Mesh::Mesh(const MeshLayout& layout, const Rendezvous& rendezvous) : layout_(layout) { connect(rendezvous); }
@@ -65,6 +67,11 @@ void Mesh::connect(const Rendezvous& rendezvous) {
     for (int r : list) ranks.push_back(std::to_string(r));
     groups_.push_back(make(cat(names[kind], ".", join(ranks, "-")), list));
   }
+  const std::vector<int> pp = members(layout, KEEL_GROUP_PP);
+  std::vector<std::string> pp_ranks;
+  for (int r : pp) pp_ranks.push_back(std::to_string(r));
+  for (int link = 0; link < kMeshPipelineLinks; ++link)
+    pipeline_links_.push_back(make(cat("pp.", join(pp_ranks, "-"), ".link", link), pp));
 }
 
 Mesh::~Mesh() = default;
@@ -104,6 +111,13 @@ Group& Mesh::group(keel_group_kind kind) {
         "mesh groups exist only after the rendezvous: components get them from build_part on, "
         "not in create()");
   return *groups_[static_cast<size_t>(kind)];
+}
+
+Group& Mesh::pipeline_link(int link) {
+  if (link < 0 || link >= kMeshPipelineLinks) throw std::invalid_argument(cat("unknown pipeline link ", link));
+  if (pipeline_links_.empty())
+    throw std::logic_error("mesh groups exist only after the rendezvous: the pipeline's links too");
+  return *pipeline_links_[static_cast<size_t>(link)];
 }
 
 Group* Mesh::new_group(const std::vector<int>& world_ranks) {

@@ -12,6 +12,9 @@
 
 namespace keel {
 
+/// How many link groups the mesh builds over each pp group.
+inline constexpr int kMeshPipelineLinks = 4;
+
 /// One rank's coordinates in a pp x dp mesh with ep | dp.
 struct MeshLayout {
   int pp = 1, dp = 1, ep = 1;
@@ -36,8 +39,8 @@ class Mesh {
   /// A mesh without a rendezvous: every group holds this rank alone. The mesh of a
   /// single-rank job, or one rank's view of a layout for a dry run (no collective may run).
   explicit Mesh(const MeshLayout& layout);
-  /// Joins the job's rendezvous and builds this rank's pp, dp, ep, edp and world groups on
-  /// c10d (groups of one rank stay local). [collective: world]
+  /// Joins the job's rendezvous and builds this rank's pp, dp, ep, edp and world groups and the
+  /// pipeline's link groups on c10d (groups of one rank stay local). [collective: world]
   Mesh(const MeshLayout& layout, const Rendezvous& rendezvous);
   /// A mesh whose groups are built later by connect(): its layout is known at once, so a job
   /// validates everything it can before it waits for the other ranks.
@@ -49,6 +52,10 @@ class Mesh {
   const MeshLayout& layout() const { return layout_; }
   /// The group of that kind; throws std::logic_error before connect().
   Group& group(keel_group_kind kind);
+  /// Link group `link` (0 .. kMeshPipelineLinks - 1) over this rank's pp ranks: groups of the
+  /// same members as the pp group but their own communicators, one per kind of pipeline
+  /// transfer and direction (pipeline/links.hpp); throws std::logic_error before connect().
+  Group& pipeline_link(int link);
   /// A sub-group of the given world ranks; nullptr when this rank is not a member.
   /// [collective: world] (every rank calls it with the same lists in the same order)
   Group* new_group(const std::vector<int>& world_ranks);
@@ -65,6 +72,7 @@ class Mesh {
   int sub_groups_made_ = 0;
   std::vector<std::unique_ptr<Group>> groups_;  // by keel_group_kind
   std::vector<std::unique_ptr<Group>> sub_groups_;
+  std::vector<std::unique_ptr<Group>> pipeline_links_;
 };
 
 }  // namespace keel

@@ -28,10 +28,12 @@ int gradient_tag(int from, int microbatch, int microbatches) { return 2 * (from 
 
 }  // namespace
 
-PipelineRunner::PipelineRunner(std::vector<ModelPart*> parts, Group& pp, const std::string& schedule, int microbatches,
-                               int64_t hidden_size, at::ScalarType compute_dtype, at::Device device)
+PipelineRunner::PipelineRunner(std::vector<ModelPart*> parts, Group& pp, std::vector<Group*> links,
+                               const std::string& schedule, int microbatches, int64_t hidden_size,
+                               at::ScalarType compute_dtype, at::Device device)
     : parts_(std::move(parts)),
       pp_(pp),
+      links_(std::move(links)),
       schedule_(schedule),
       hidden_size_(hidden_size),
       activation_options_(at::TensorOptions().dtype(at::kFloat).device(device)),
@@ -60,26 +62,28 @@ PipelineRunner::PipelineRunner(std::vector<ModelPart*> parts, Group& pp, const s
       seen[static_cast<size_t>(actions_[i].chunk)] = true;
       last_backward_[i] = true;
     }
+  open_pipeline_links(links_, stage_, links_in_use(schedule, pp.size(), microbatches, chunks), device);
 }
 
-at::Tensor PipelineRunner::receive(const std::vector<int64_t>& shape, int peer, int tag) {
+at::Tensor PipelineRunner::receive(const std::vector<int64_t>& shape, TransferKind kind, int peer, int tag) {
   at::Tensor buffer = at::empty(shape, activation_options_);
-  std::unique_ptr<Work> work = pp_.irecv(buffer, peer, tag);
+  std::unique_ptr<Work> work = link(kind, peer, stage_).irecv(buffer, peer, tag);
   if (work) work->wait();
   return buffer;
 }
 
-void PipelineRunner::send(const at::Tensor& tensor, int to, int tag, std::vector<std::unique_ptr<Work>>& sends) {
+void PipelineRunner::send(const at::Tensor& tensor, TransferKind kind, int to, int tag,
+                          std::vector<std::unique_ptr<Work>>& sends) {
   if (rank_of(to) != stage_) {
-    sends.push_back(pp_.isend(tensor, rank_of(to), tag));
+    sends.push_back(link(kind, stage_, rank_of(to)).isend(tensor, rank_of(to), tag));
     return;
   }
   // A copy: the receiving chunk must not share storage with the sender's autograd graph.
   handed_over_[tag] = tensor.detach().clone();
 }
 
-at::Tensor PipelineRunner::receive_from(const std::vector<int64_t>& shape, int from, int tag) {
-  if (rank_of(from) != stage_) return receive(shape, rank_of(from), tag);
+at::Tensor PipelineRunner::receive_from(const std::vector<int64_t>& shape, TransferKind kind, int from, int tag) {
+  if (rank_of(from) != stage_) return receive(shape, kind, rank_of(from), tag);
   auto kept = handed_over_.find(tag);
   if (kept == handed_over_.end())
     throw std::logic_error(cat("pipeline: stage ", from, " has not handed over tag ", tag, " on this rank"));
@@ -126,7 +130,8 @@ at::Tensor PipelineRunner::run(const std::vector<at::Tensor>& tokens, const std:
                                         tokens[static_cast<size_t>(mb)].size(1), hidden_size_};
     if (action.kind == PipelineAction::forward) {
       if (!first)
-        f.input = receive_from(shape, stage - 1, activation_tag(stage - 1, mb, microbatches)).requires_grad_(true);
+        f.input = receive_from(shape, TransferKind::activation, stage - 1, activation_tag(stage - 1, mb, microbatches))
+                      .requires_grad_(true);
       at::Tensor t = tokens[static_cast<size_t>(mb)].to(device_), l = labels[static_cast<size_t>(mb)].to(device_);
       const Clock::time_point busy = Clock::now();
       {
@@ -139,7 +144,7 @@ at::Tensor PipelineRunner::run(const std::vector<at::Tensor>& tokens, const std:
         continue;
       }
       f.output = outgoing(f.output, shape, stage);
-      send(f.output.detach(), stage + 1, activation_tag(stage, mb, microbatches), sends);
+      send(f.output.detach(), TransferKind::activation, stage + 1, activation_tag(stage, mb, microbatches), sends);
     } else if (action.kind == PipelineAction::weight) {
       if (!f.split) throw std::logic_error("pipeline: a weight pass before its backward pass");
       if (last_backward_[index] && before_last_backward_) before_last_backward_(chunk);
@@ -149,7 +154,7 @@ at::Tensor PipelineRunner::run(const std::vector<at::Tensor>& tokens, const std:
       f = InFlight{};  // the microbatch's graph and activations are freed here
     } else {
       at::Tensor grad;
-      if (!last) grad = receive_from(shape, stage + 1, gradient_tag(stage, mb, microbatches));
+      if (!last) grad = receive_from(shape, TransferKind::gradient, stage + 1, gradient_tag(stage, mb, microbatches));
       if (last_backward_[index] && before_last_backward_) before_last_backward_(chunk);
       const Clock::time_point busy = Clock::now();
       at::Tensor input_grad;
@@ -169,7 +174,7 @@ at::Tensor PipelineRunner::run(const std::vector<at::Tensor>& tokens, const std:
       timing_.busy_seconds += seconds_since(busy);
       if (!first) {
         if (!input_grad.defined()) input_grad = at::zeros(shape, activation_options_);
-        send(input_grad, stage - 1, gradient_tag(stage - 1, mb, microbatches), sends);
+        send(input_grad, TransferKind::gradient, stage - 1, gradient_tag(stage - 1, mb, microbatches), sends);
       }
       if (!split_) f = InFlight{};  // the microbatch's graph and activations are freed here
     }
@@ -199,7 +204,8 @@ at::Tensor PipelineRunner::evaluate(const std::vector<at::Tensor>& tokens, const
       const at::Tensor& mb_tokens = tokens[static_cast<size_t>(mb)];
       const std::vector<int64_t> shape = {mb_tokens.size(0), mb_tokens.size(1), hidden_size_};
       at::Tensor input;
-      if (!first) input = receive_from(shape, stage - 1, activation_tag(stage - 1, mb, microbatches));
+      if (!first)
+        input = receive_from(shape, TransferKind::activation, stage - 1, activation_tag(stage - 1, mb, microbatches));
       at::Tensor output;
       {
         AutocastScope autocast(device_, compute_dtype_);
@@ -220,7 +226,8 @@ at::Tensor PipelineRunner::evaluate(const std::vector<at::Tensor>& tokens, const
         if (sends.front().first) sends.front().first->wait();
         sends.pop_front();
       }
-      std::unique_ptr<Work> work = pp_.isend(output, rank_of(stage + 1), activation_tag(stage, mb, microbatches));
+      std::unique_ptr<Work> work = link(TransferKind::activation, stage_, rank_of(stage + 1))
+                                       .isend(output, rank_of(stage + 1), activation_tag(stage, mb, microbatches));
       sends.emplace_back(std::move(work), output);
     }
   for (auto& [work, kept] : sends)

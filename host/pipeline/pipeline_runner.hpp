@@ -1,9 +1,11 @@
 // Runs one step's forward and backward passes on this rank's pipeline stage — its model chunks,
 // one per virtual stage under interleaving — in the order of a schedule (pipeline/schedule.hpp).
-// Activations go to the next virtual stage and their gradients back over the pp group (where
-// the schedule places each chunk: chunk_stage): sends are asynchronous (waited for at the end
-// of the step), receives block, so any valid schedule is free of deadlock. Between two chunks
-// of the same rank (the turn of zbv's V) they are handed over in memory.
+// Activations go to the next virtual stage and their gradients back (where the schedule places
+// each chunk: chunk_stage) over the pipeline's link groups, one per kind and direction
+// (pipeline/links.hpp): sends are asynchronous (waited for at the end of the step), receives
+// block, and on each link one rank of a pair only sends and the other only receives, so any
+// valid schedule is free of deadlock on Gloo and on NCCL alike. Between two chunks of the same
+// rank (the turn of zbv's V) they are handed over in memory.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "mesh/group.hpp"
+#include "pipeline/links.hpp"
 #include "pipeline/schedule.hpp"
 #include "plugins/components.hpp"
 
@@ -31,9 +34,10 @@ class PipelineRunner {
   /// `parts` are this rank's chunks in virtual-stage order; activations between stages are
   /// [batch, seq, hidden_size] fp32 on `device` (the residual stream, whatever the compute
   /// dtype); forward passes run under autocast to `compute_dtype` unless it is fp32. Throws
-  /// std::invalid_argument on an unknown schedule or parts that do not fit it.
-  PipelineRunner(std::vector<ModelPart*> parts, Group& pp, const std::string& schedule, int microbatches,
-                 int64_t hidden_size, at::ScalarType compute_dtype, at::Device device);
+  /// std::invalid_argument on an unknown schedule or parts that do not fit it. `links` are the
+  /// mesh's pipeline link groups (Mesh::pipeline_link), opened here. [collective: pp]
+  PipelineRunner(std::vector<ModelPart*> parts, Group& pp, std::vector<Group*> links, const std::string& schedule,
+                 int microbatches, int64_t hidden_size, at::ScalarType compute_dtype, at::Device device);
 
   /// Runs forward and backward of every microbatch (`tokens` / `labels`: one [batch, seq] CPU
   /// tensor each per microbatch). The last stage divides each microbatch's loss sum by
@@ -54,17 +58,22 @@ class PipelineRunner {
   const ScheduleTiming& timing() const { return timing_; }
 
  private:
-  at::Tensor receive(const std::vector<int64_t>& shape, int peer, int tag);
+  at::Tensor receive(const std::vector<int64_t>& shape, TransferKind kind, int peer, int tag);
+  // The link group carrying `kind` from pp rank `from` to pp rank `to`.
+  Group& link(TransferKind kind, int from, int to) const {
+    return *links_[static_cast<size_t>(pipeline_link(kind, from, to))];
+  }
   at::Tensor outgoing(at::Tensor output, const std::vector<int64_t>& shape, int virtual_stage) const;
   // Sends `tensor` to virtual stage `to` on `tag`, or keeps it for this rank's own chunk.
-  void send(const at::Tensor& tensor, int to, int tag, std::vector<std::unique_ptr<Work>>& sends);
+  void send(const at::Tensor& tensor, TransferKind kind, int to, int tag, std::vector<std::unique_ptr<Work>>& sends);
   // Receives what virtual stage `from` sent on `tag`.
-  at::Tensor receive_from(const std::vector<int64_t>& shape, int from, int tag);
+  at::Tensor receive_from(const std::vector<int64_t>& shape, TransferKind kind, int from, int tag);
   int virtual_stage(int chunk) const { return chunk_stage(schedule_, stage_, pp_.size(), chunk); }
   int rank_of(int virtual_stage) const { return stage_rank(schedule_, virtual_stage, pp_.size()); }
 
   std::vector<ModelPart*> parts_;
   Group& pp_;
+  std::vector<Group*> links_;  ///< by pipeline_link()
   std::string schedule_;
   std::vector<PipelineAction> actions_;
   std::map<int, at::Tensor> handed_over_;  ///< by tag: what one of this rank's chunks sent another

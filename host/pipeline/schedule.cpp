@@ -3,9 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
-#include <map>
 #include <stdexcept>
-#include <tuple>
 #include <utility>
 
 #include "common/text.hpp"
@@ -142,34 +140,6 @@ std::vector<PipelineAction> stage_actions(const std::string& schedule, int stage
   }
   for (int mb = microbatches - warmup; mb < microbatches; ++mb) backward(mb);
   return out;
-}
-
-bool transfers_pair_in_order(const std::string& schedule, int stages, int microbatches, int chunks) {
-  // Per directed link (from rank, to rank): the transfers in the sender's issue order and in
-  // the receiver's, each named by (what, the boundary's lower stage, microbatch).
-  using Transfer = std::tuple<int, int, int>;
-  std::map<std::pair<int, int>, std::vector<Transfer>> sent, received;
-  const int last = stages * chunks - 1;
-  for (int r = 0; r < stages; ++r)
-    for (const PipelineAction& a : stage_actions(schedule, r, stages, microbatches, chunks)) {
-      const int s = chunk_stage(schedule, r, stages, a.chunk);
-      auto link = [&](int peer_stage, bool sending, int what, int boundary) {
-        const int peer = stage_rank(schedule, peer_stage, stages);
-        if (peer == r) return;  // handed over in memory
-        if (sending)
-          sent[{r, peer}].emplace_back(what, boundary, a.microbatch);
-        else
-          received[{peer, r}].emplace_back(what, boundary, a.microbatch);
-      };
-      if (a.kind == PipelineAction::forward) {
-        if (s > 0) link(s - 1, false, 0, s - 1);
-        if (s < last) link(s + 1, true, 0, s);
-      } else if (a.kind == PipelineAction::backward) {
-        if (s < last) link(s + 1, false, 1, s);
-        if (s > 0) link(s - 1, true, 1, s - 1);
-      }
-    }
-  return sent == received;
 }
 
 bool has_weight_passes(const std::vector<PipelineAction>& actions) {

@@ -73,13 +73,6 @@ int64_t peak_held_bytes(const std::vector<PipelineAction>& actions, const std::v
 /// p stages of v chunks each (v = 1: (p - 1) / (m + p - 1)).
 double ideal_bubble_fraction(int stages, int microbatches, int chunks = 1);
 
-/// Whether each rank of `schedule` sends to every other rank in the order that rank receives.
-/// NCCL pairs point-to-point transfers between two ranks in the order they are issued and
-/// ignores tags; Gloo matches tags. A schedule that sends activations and gradients of
-/// different chunks over one link in another order than the peer takes them (zbv at most
-/// sizes; interleaving's order never does) would hand one transfer's data to another under NCCL.
-bool transfers_pair_in_order(const std::string& schedule, int stages, int microbatches, int chunks);
-
 /// Whether `actions` split backward passes into input and weight passes.
 bool has_weight_passes(const std::vector<PipelineAction>& actions);
 

@@ -175,8 +175,11 @@ void Trainer::open_data() {
                        "); labels run across document ends"));
   stream_ =
       std::make_unique<BatchStream>(*source_, c.training.seq_len, c.training.global_batch, mesh.dp, mesh.dp_index, eos);
-  runner_ = std::make_unique<PipelineRunner>(job_.parts(), job_.mesh().group(KEEL_GROUP_PP), c.parallelism.schedule,
-                                             c.parallelism.microbatches, job_.model().info().hidden_size,
+  std::vector<Group*> links;
+  for (int link = 0; link < kMeshPipelineLinks; ++link) links.push_back(&job_.mesh().pipeline_link(link));
+  runner_ = std::make_unique<PipelineRunner>(job_.parts(), job_.mesh().group(KEEL_GROUP_PP), std::move(links),
+                                             c.parallelism.schedule, c.parallelism.microbatches,
+                                             job_.model().info().hidden_size,
                                              c.training.dtype == "bf16" ? at::kBFloat16 : at::kFloat, job_.device());
   runner_->set_before_last_backward([this](int chunk) {
     if (!poisons_)

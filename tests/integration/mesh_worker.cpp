@@ -40,6 +40,18 @@ int main(int argc, char** argv) {
   const keel_mesh_info info = host.mesh();
   expect(info.rank == rank_ && info.world_size == world && info.pp_index == rank_ / dp, "mesh_info coordinates");
 
+  // The pipeline's link groups: the pp group's members, each connected on its own.
+  const std::vector<int> pp_members = keel::Mesh::members(layout, KEEL_GROUP_PP);
+  for (int link = 0; link < keel::kMeshPipelineLinks; ++link) {
+    keel::Group& g = mesh.pipeline_link(link);
+    expect(g.world_ranks() == pp_members, "pipeline link membership");
+    at::Tensor t = at::full({1}, static_cast<double>(rank_ + link), at::kDouble);
+    g.all_reduce(t, KEEL_REDUCE_SUM);
+    double sum = 0;
+    for (int m : pp_members) sum += m + link;
+    expect(t[0].item<double>() == sum, "pipeline link all_reduce");
+  }
+
   for (keel_group_kind kind : {KEEL_GROUP_WORLD, KEEL_GROUP_PP, KEEL_GROUP_DP, KEEL_GROUP_EP, KEEL_GROUP_EDP}) {
     keel_group* g = host.group(kind);
     const int n = host.size(g), me = host.rank(g);

@@ -1,0 +1,154 @@
+// The pipeline's link groups: which group carries each transfer, and that on them every
+// schedule runs to its end under NCCL's rules (transfers of a communicator paired and run in
+// issue order, a send finishing only once its receiver takes it), where one group for all
+// transfers would not.
+#include <gtest/gtest.h>
+
+#include <deque>
+#include <map>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "pipeline/links.hpp"
+#include "pipeline/schedule.hpp"
+
+namespace keel {
+namespace {
+
+enum class Outcome { completes, deadlocks, pairs_wrong_transfers };
+
+// Runs every rank of `schedule` as the pipeline runner issues its transfers, under NCCL's
+// rules: each rank's transfers on one communicator (a pair of ranks in one group) run in issue
+// order; the one at the front of a rank's queue finishes only together with the one at the
+// front of its peer's, which must be its counterpart (NCCL ignores tags: another transfer would
+// be paired with it silently); a send never blocks the host, a receive blocks it until it
+// finishes. With messages larger than NCCL's buffers, nothing finishes early. `one_group`: every
+// transfer on the pp group, as before the links; else on pipeline_link()'s group.
+Outcome run_under_nccl_rules(const std::string& schedule, int ranks, int microbatches, int chunks, bool one_group) {
+  struct Queued {
+    PassTransfer transfer;
+    int from, to;
+  };
+  using Communicator = std::tuple<int, int, int>;                     // group, lower rank, higher rank
+  std::map<std::pair<int, Communicator>, std::deque<Queued>> queues;  // by (rank, communicator)
+  auto communicator = [&](const PassTransfer& t, int from, int to) {
+    return Communicator{one_group ? 0 : pipeline_link(t.kind, from, to), std::min(from, to), std::max(from, to)};
+  };
+  std::vector<std::vector<PipelineAction>> actions;
+  for (int r = 0; r < ranks; ++r) actions.push_back(stage_actions(schedule, r, ranks, microbatches, chunks));
+  std::vector<size_t> next(static_cast<size_t>(ranks), 0);
+  std::vector<int> receive_state(static_cast<size_t>(ranks), 0);  // 0 not posted, 1 posted, 2 done
+  auto issue = [&](int r, const PassTransfer& t) {
+    const int from = t.sending ? r : t.peer, to = t.sending ? t.peer : r;
+    queues[{r, communicator(t, from, to)}].push_back({t, from, to});
+  };
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int r = 0; r < ranks; ++r) {
+      auto& pc = next[static_cast<size_t>(r)];
+      auto& state = receive_state[static_cast<size_t>(r)];
+      while (pc < actions[static_cast<size_t>(r)].size()) {
+        const std::vector<PassTransfer> transfers =
+            pass_transfers(schedule, r, ranks, chunks, actions[static_cast<size_t>(r)][pc]);
+        bool blocked = false;
+        for (const PassTransfer& t : transfers)
+          if (!t.sending && t.peer != r && state != 2) {
+            if (state == 0) issue(r, t);
+            state = 1;
+            blocked = true;
+          }
+        if (blocked) break;
+        for (const PassTransfer& t : transfers)
+          if (t.sending && t.peer != r) issue(r, t);
+        ++pc;
+        state = 0;
+        progress = true;
+      }
+    }
+    for (auto& [key, queue] : queues) {
+      const auto& [rank, comm] = key;
+      const int peer = std::get<1>(comm) == rank ? std::get<2>(comm) : std::get<1>(comm);
+      auto other = queues.find({peer, comm});
+      if (queue.empty() || other == queues.end() || other->second.empty()) continue;
+      const Queued &mine = queue.front(), &theirs = other->second.front();
+      if (!mine.transfer.sending || theirs.transfer.sending) continue;  // seen from the sender
+      if (mine.transfer.kind != theirs.transfer.kind || mine.transfer.boundary != theirs.transfer.boundary ||
+          mine.transfer.microbatch != theirs.transfer.microbatch)
+        return Outcome::pairs_wrong_transfers;
+      receive_state[static_cast<size_t>(peer)] = 2;
+      queue.pop_front();
+      other->second.pop_front();
+      progress = true;
+    }
+  }
+  for (int r = 0; r < ranks; ++r)
+    if (next[static_cast<size_t>(r)] != actions[static_cast<size_t>(r)].size()) return Outcome::deadlocks;
+  for (const auto& [key, queue] : queues)
+    if (!queue.empty()) return Outcome::deadlocks;
+  return Outcome::completes;
+}
+
+struct Case {
+  const char* schedule;
+  int chunks;
+};
+
+// Every schedule at the sizes it takes: interleaving needs microbatches a multiple of the ranks.
+template <typename Check>
+void each_schedule(Check check) {
+  for (const Case c : {Case{"1f1b", 1}, Case{"gpipe", 1}, Case{"zb_h1", 1}, Case{"zbv", 2}, Case{"interleaved_1f1b", 2},
+                       Case{"interleaved_1f1b", 3}})
+    for (int ranks = 2; ranks <= 4; ++ranks)
+      for (int m = 1; m <= 12; ++m) {
+        if (std::string(c.schedule) == "interleaved_1f1b" && m % ranks != 0) continue;
+        check(c.schedule, ranks, m, c.chunks);
+      }
+}
+
+TEST(PipelineLinks, EachKindAndDirectionHasItsOwnGroup) {
+  std::set<int> links;
+  for (TransferKind kind : {TransferKind::activation, TransferKind::gradient})
+    for (auto [from, to] : {std::pair{0, 1}, std::pair{1, 0}}) links.insert(pipeline_link(kind, from, to));
+  EXPECT_EQ(links, (std::set<int>{0, 1, 2, 3}));
+  EXPECT_EQ(pipeline_link(TransferKind::activation, 0, 3), pipeline_link(TransferKind::activation, 2, 3));
+  EXPECT_THROW(pipeline_link(TransferKind::gradient, 1, 1), std::invalid_argument);
+}
+
+TEST(PipelineLinks, OneFOneBSendsActivationsUpAndGradientsDown) {
+  const std::vector<LinkUse> uses = links_in_use("1f1b", 3, 4, 1);
+  EXPECT_EQ(uses, (std::vector<LinkUse>{{0, 0, 1}, {0, 1, 2}, {3, 1, 0}, {3, 2, 1}}));
+  // Interleaving's loop sends activations from the last rank back to the first, and gradients
+  // the other way round.
+  const std::vector<LinkUse> loop = links_in_use("interleaved_1f1b", 3, 3, 2);
+  EXPECT_EQ(loop, (std::vector<LinkUse>{{0, 0, 1}, {0, 1, 2}, {1, 2, 0}, {2, 0, 2}, {3, 1, 0}, {3, 2, 1}}));
+}
+
+TEST(PipelineLinks, EveryScheduleSendsInTheReceiversOrderOnEveryLink) {
+  each_schedule([](const char* schedule, int ranks, int m, int chunks) {
+    EXPECT_TRUE(transfers_pair_in_order(schedule, ranks, m, chunks)) << schedule << " " << ranks << " x " << m;
+  });
+}
+
+TEST(PipelineLinks, EveryScheduleRunsToItsEndUnderNcclsRules) {
+  each_schedule([](const char* schedule, int ranks, int m, int chunks) {
+    EXPECT_EQ(run_under_nccl_rules(schedule, ranks, m, chunks, false), Outcome::completes)
+        << schedule << " " << ranks << " x " << m << " x " << chunks;
+  });
+}
+
+TEST(PipelineLinks, OneGroupForAllTransfersWouldHangOrSwapThem) {
+  // 1F1B's steady state: rank 0 sends activation 1 while rank 1 sends gradient 0, each ahead of
+  // the receive that would take the other's.
+  EXPECT_EQ(run_under_nccl_rules("1f1b", 2, 2, 1, true), Outcome::deadlocks);
+  // One microbatch never sends both ways at once.
+  EXPECT_EQ(run_under_nccl_rules("1f1b", 2, 1, 1, true), Outcome::completes);
+  // zbv at pp 2, m 4 on one group: rank 0 sends activations 0-2 of its first chunk before the
+  // gradient of microbatch 0 of its second; rank 1 takes that gradient before activation 2.
+  EXPECT_NE(run_under_nccl_rules("zbv", 2, 4, 2, true), Outcome::completes);
+}
+
+}  // namespace
+}  // namespace keel
