@@ -273,7 +273,11 @@ typedef struct keel_host_api {
    * arrive from it; both arrays have group_size entries. */
   keel_status (*all_to_all)(keel_host* host, keel_group* group, keel_tensor* output, const keel_tensor* input,
                             const int64_t* output_splits, const int64_t* input_splits, keel_work** work);
-  /* Sends `tensor` to the member with group rank `peer`. [collective: peer pair] */
+  /* Sends `tensor` to the member with group rank `peer`. [collective: peer pair]
+   * Tags keep transfers apart on Gloo only: on CUDA, NCCL pairs a pair of ranks' transfers on
+   * one group in issue order and runs them in that order, each blocking until its peer's
+   * counterpart runs. Issue them in the same order on both ranks, and put transfers that must
+   * be in flight both ways at once on two groups. */
   keel_status (*send)(keel_host* host, keel_group* group, const keel_tensor* tensor, int32_t peer, int32_t tag,
                       keel_work** work);
   /* Receives into `tensor` from the member with group rank `peer`. [collective: peer pair] */
