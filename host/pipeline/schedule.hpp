@@ -64,9 +64,9 @@ std::vector<PipelineAction> stage_actions(const std::string& schedule, int stage
 int peak_in_flight(const std::vector<PipelineAction>& actions);
 
 /// The most bytes held at any point of `actions` when a forward through chunk k keeps
-/// `bytes_per_chunk[k]` until its backward (its weight pass, where the schedule has them; an
-/// upper bound, since the backward frees what only the input's gradient needed); saturates at
-/// INT64_MAX.
+/// `bytes_per_chunk[k]` until its backward (its weight pass, where the schedule has them: the
+/// input pass frees what only the input's gradient needed but keeps the gradients the weight
+/// pass starts from, about as much); saturates at INT64_MAX.
 int64_t peak_held_bytes(const std::vector<PipelineAction>& actions, const std::vector<int64_t>& bytes_per_chunk);
 
 /// The idle fraction of an ideal pipeline with equal stage times: (p - 1) / (v m + p - 1) for

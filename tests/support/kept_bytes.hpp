@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "pipeline/split_backward.hpp"
 #include "plugins/components.hpp"
 
 namespace keel::test {
@@ -27,20 +28,33 @@ class AllocationCounter : public c10::MemoryReportingInfoBase {
 
 /// The bytes one forward of `part` on random [batch, seq] tokens of `vocab` allocates and
 /// still holds once it has returned (its output held); a first forward fills the part's
-/// caches. A later stage reads a [batch, seq, dim] activation. Run it on one thread: every
-/// allocation is then made, and reported, on this one.
-inline int64_t measured_kept_bytes(ModelPart& part, int64_t batch, int64_t seq, int64_t vocab, int64_t dim) {
+/// caches. A later stage reads a [batch, seq, dim] activation. With `until_weight_pass`, what
+/// it holds after the input pass of a split backward (split_backward.hpp) too: the saved
+/// tensors the weight pass still needs, the gradients it starts from and the output the
+/// pipeline keeps until then, not the input's gradient, sent on at once. Run it on one thread:
+/// every allocation is then made, and reported, on this one.
+inline int64_t measured_kept_bytes(ModelPart& part, int64_t batch, int64_t seq, int64_t vocab, int64_t dim,
+                                   bool until_weight_pass = false) {
   at::manual_seed(3);
   const at::Tensor tokens = at::randint(vocab, {batch, seq}, at::kLong);
   const at::Tensor labels = at::randint(vocab, {batch, seq}, at::kLong);
   const at::Tensor input = part.spec().stage_index > 0 ? at::randn({batch, seq, dim}).requires_grad_() : at::Tensor();
   const at::Tensor* activation = input.defined() ? &input : nullptr;
   (void)part.forward(tokens, labels, activation, 0, 1);
+  // The gradient from the next stage arrives in a buffer of its own, freed after the input pass.
+  const bool last = part.spec().stage_index == part.spec().num_stages - 1;
+  const at::Tensor grad = last ? at::ones({}) : at::randn({batch, seq, dim});
   auto counter = std::make_shared<AllocationCounter>();
   at::Tensor out;
+  std::unique_ptr<SplitBackward> split;
   {
     c10::DebugInfoGuard guard(c10::DebugInfoKind::PROFILER_STATE, counter);
     out = part.forward(tokens, labels, activation, 0, 1);
+    if (until_weight_pass) {
+      split = std::make_unique<SplitBackward>(out, input);
+      const at::Tensor input_grad = split->input_pass(grad);
+      if (input_grad.defined()) counter->live -= static_cast<int64_t>(input_grad.nbytes());
+    }
   }
   return counter->live;
 }
