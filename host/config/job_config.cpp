@@ -20,6 +20,7 @@ int64_t at_least(const ConfigSection& s, const std::string& key, int64_t fallbac
 constexpr int64_t kMaxRanksPerDim = int64_t{1} << 16;
 constexpr int64_t kMaxMicrobatches = int64_t{1} << 20;
 constexpr int64_t kMaxStagesPerRank = 1024;
+constexpr int64_t kMaxPipelineTransfers = int64_t{1} << 30;
 constexpr int64_t kMaxTimeoutSeconds = 7 * 24 * 3600;
 constexpr int64_t kMaxBucketMb = int64_t{1} << 20;
 constexpr int64_t kMaxSteps = int64_t{1} << 40;
@@ -140,6 +141,11 @@ JobConfig read_job_config(ConfigTree& tree, int world_size, bool cuda_available)
                     ? cat("lists ", c.parallelism.layers_per_stage.size(), " stage(s), but pp = ", c.parallelism.pp)
                     : cat("lists ", c.parallelism.layers_per_stage.size(),
                           " stage(s), but pp x stages_per_rank = ", virtual_stages));
+  // Pipeline transfers are tagged 2 (stage x microbatches + microbatch) + 1 at most, in an int.
+  if (virtual_stages * c.parallelism.microbatches > kMaxPipelineTransfers)
+    par.invalid("microbatches",
+                cat("pp x stages_per_rank x microbatches = ", virtual_stages, " x ", c.parallelism.microbatches,
+                    " exceeds ", kMaxPipelineTransfers, ", the pipeline transfers one step can tell apart"));
   const int64_t layout_ranks = int64_t{c.parallelism.pp} * c.parallelism.dp;
   if (world_size > 0 && layout_ranks != world_size)
     par.invalid(c.parallelism.dp != 1 || !par.has("pp") ? "dp" : "pp",
