@@ -232,6 +232,10 @@ std::unique_ptr<Group> C10dWorld::make_group(const std::string& name, const std:
   c10::intrusive_ptr<c10d::Backend> nccl;
   if (impl_->rendezvous.nccl) {
 #ifdef KEEL_WITH_NCCL
+    // No bound device, no split from another group and no coalescing: ProcessGroupNCCL then
+    // gives each pair of ranks its own communicator and stream for point-to-point transfers,
+    // which the pipeline's link groups rely on (pipeline/links.hpp). With a bound device it
+    // would reuse the group's communicator, one stream for every peer.
     auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
     nccl_options->timeout = impl_->rendezvous.timeout;
     auto nccl_store = c10::make_intrusive<c10d::PrefixStore>("keel/" + name + "/nccl", impl_->store);

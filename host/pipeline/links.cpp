@@ -1,5 +1,6 @@
 #include "pipeline/links.hpp"
 
+#include <algorithm>
 #include <limits>
 #include <map>
 #include <set>
@@ -9,6 +10,8 @@
 #include "common/text.hpp"
 
 namespace keel {
+
+static_assert(kMeshPipelineLinks == 4, "pipeline_link: two kinds of transfer times two directions");
 
 int pipeline_link(TransferKind kind, int from, int to) {
   if (from == to) throw std::invalid_argument(cat("pipeline: no link joins pp rank ", from, " to itself"));
@@ -72,7 +75,16 @@ void open_pipeline_links(const std::vector<Group*>& links, int rank, const std::
     throw std::invalid_argument(cat("pipeline: ", links.size(), " link groups, expected ", kMeshPipelineLinks));
   // A tag no transfer of a step uses (theirs count up from 0).
   const int tag = std::numeric_limits<int>::max();
-  for (const LinkUse& use : uses) {
+  // Pairs whose lower rank is even first, then the odd ones, link by link: the order is shared
+  // by all ranks and lets disjoint pairs open their communicators at once, where sorting by
+  // rank would chain each rank's second pair behind its first along the pipeline.
+  std::vector<LinkUse> order = uses;
+  auto key = [](const LinkUse& u) {
+    const int low = std::min(u.from, u.to);
+    return std::tuple{u.link, low % 2, low, u.from, u.to};
+  };
+  std::sort(order.begin(), order.end(), [&](const LinkUse& a, const LinkUse& b) { return key(a) < key(b); });
+  for (const LinkUse& use : order) {
     if (use.from != rank && use.to != rank) continue;
     at::Tensor token = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(device));
     Group& link = *links.at(static_cast<size_t>(use.link));

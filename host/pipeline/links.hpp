@@ -8,7 +8,9 @@
 // outgrow NCCL's buffers. So the pipeline uses four groups over the pp ranks, one per kind of
 // transfer and direction (pipeline_link), and on each of them, between two ranks, one rank only
 // sends and the other only receives. Gloo matches tags and needs none of this; the same links
-// are used on both, so the CPU tests run the routing that NCCL needs.
+// are used on both, so the CPU tests run the routing that NCCL needs. What remains assumed is
+// what every NCCL pipeline assumes: kernels of different communicators progress side by side
+// (NCCL does not promise it; PyTorch's and Megatron's pipelines rely on it too).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -59,11 +61,11 @@ std::vector<LinkUse> links_in_use(const std::string& schedule, int ranks, int mi
 /// transfer with itself.
 bool transfers_pair_in_order(const std::string& schedule, int ranks, int microbatches, int chunks);
 
-/// Sends one element on every use of `uses` that involves pp rank `rank`, one at a time in the
-/// order of `uses`, so that each link's communicator exists before the first step: NCCL builds
-/// one at a pair's first transfer and blocks the host until both ranks arrive, which in the
-/// middle of a schedule could close a cycle. Any order all ranks share is free of deadlock: the
-/// first pending use is always the next of both its ranks. [collective: pp]
+/// Sends one element on every use of `uses` that involves pp rank `rank`, one at a time in an
+/// order all ranks derive from `uses` alone, so that each link's communicator exists before the
+/// first step: NCCL builds one at a pair's first transfer and blocks the host until both ranks
+/// arrive, which in the middle of a schedule could close a cycle. A shared order is free of
+/// deadlock: the first pending use is always the next of both its ranks. [collective: pp]
 void open_pipeline_links(const std::vector<Group*>& links, int rank, const std::vector<LinkUse>& uses,
                          at::Device device);
 

@@ -3,8 +3,8 @@
 // Activations go to the next virtual stage and their gradients back (where the schedule places
 // each chunk: chunk_stage) over the pipeline's link groups, one per kind and direction
 // (pipeline/links.hpp): sends are asynchronous (waited for at the end of the step), receives
-// block, and on each link one rank of a pair only sends and the other only receives, so any
-// valid schedule is free of deadlock on Gloo and on NCCL alike. Between two chunks of the same
+// block, and on each link one rank of a pair only sends and the other only receives, so no
+// transfer waits behind another on NCCL either (links.hpp says what that still assumes). Between two chunks of the same
 // rank (the turn of zbv's V) they are handed over in memory.
 #pragma once
 

@@ -22,18 +22,21 @@ enum class Outcome { completes, deadlocks, pairs_wrong_transfers };
 
 // Runs every rank of `schedule` as the pipeline runner issues its transfers, under NCCL's
 // rules: each rank's transfers on one communicator (a pair of ranks in one group) run in issue
-// order; the one at the front of a rank's queue finishes only together with the one at the
-// front of its peer's, which must be its counterpart (NCCL ignores tags: another transfer would
-// be paired with it silently); a send never blocks the host, a receive blocks it until it
-// finishes. With messages larger than NCCL's buffers, nothing finishes early. `one_group`: every
-// transfer on the pp group, as before the links; else on pipeline_link()'s group.
-Outcome run_under_nccl_rules(const std::string& schedule, int ranks, int microbatches, int chunks, bool one_group) {
+// order, and NCCL ignores tags, so a send is paired with whatever receive its peer runs next on
+// that communicator from it (another transfer's would take its data silently); a send never
+// blocks the host, a receive blocks it until it finishes. Messages larger than NCCL's buffers
+// (`small_messages` false) finish a send only together with its receive; small ones leave as
+// soon as they reach the front. `one_group`: every transfer on the pp group, as before the
+// links; else on pipeline_link()'s group.
+Outcome run_under_nccl_rules(const std::string& schedule, int ranks, int microbatches, int chunks, bool one_group,
+                             bool small_messages = false) {
   struct Queued {
     PassTransfer transfer;
     int from, to;
   };
-  using Communicator = std::tuple<int, int, int>;                     // group, lower rank, higher rank
-  std::map<std::pair<int, Communicator>, std::deque<Queued>> queues;  // by (rank, communicator)
+  using Communicator = std::tuple<int, int, int>;                         // group, lower rank, higher rank
+  std::map<std::pair<int, Communicator>, std::deque<Queued>> queues;      // by (rank, communicator)
+  std::map<std::pair<Communicator, int>, std::deque<Queued>> in_transit;  // by (communicator, sender)
   auto communicator = [&](const PassTransfer& t, int from, int to) {
     return Communicator{one_group ? 0 : pipeline_link(t.kind, from, to), std::min(from, to), std::max(from, to)};
   };
@@ -71,22 +74,39 @@ Outcome run_under_nccl_rules(const std::string& schedule, int ranks, int microba
     for (auto& [key, queue] : queues) {
       const auto& [rank, comm] = key;
       const int peer = std::get<1>(comm) == rank ? std::get<2>(comm) : std::get<1>(comm);
+      if (small_messages)  // sent at once into the peer's buffer, in order
+        while (!queue.empty() && queue.front().transfer.sending) {
+          in_transit[{comm, rank}].push_back(queue.front());
+          queue.pop_front();
+          progress = true;
+        }
+      if (queue.empty() || queue.front().transfer.sending) continue;  // seen from the receiver
+      const Queued& mine = queue.front();
+      const Queued* theirs = nullptr;
+      auto buffered = in_transit.find({comm, peer});
       auto other = queues.find({peer, comm});
-      if (queue.empty() || other == queues.end() || other->second.empty()) continue;
-      const Queued &mine = queue.front(), &theirs = other->second.front();
-      if (!mine.transfer.sending || theirs.transfer.sending) continue;  // seen from the sender
-      if (mine.transfer.kind != theirs.transfer.kind || mine.transfer.boundary != theirs.transfer.boundary ||
-          mine.transfer.microbatch != theirs.transfer.microbatch)
+      if (buffered != in_transit.end() && !buffered->second.empty())
+        theirs = &buffered->second.front();
+      else if (other != queues.end() && !other->second.empty() && other->second.front().transfer.sending)
+        theirs = &other->second.front();
+      if (theirs == nullptr) continue;
+      if (mine.transfer.kind != theirs->transfer.kind || mine.transfer.boundary != theirs->transfer.boundary ||
+          mine.transfer.microbatch != theirs->transfer.microbatch)
         return Outcome::pairs_wrong_transfers;
-      receive_state[static_cast<size_t>(peer)] = 2;
+      if (buffered != in_transit.end() && !buffered->second.empty())
+        buffered->second.pop_front();
+      else
+        other->second.pop_front();
+      receive_state[static_cast<size_t>(rank)] = 2;
       queue.pop_front();
-      other->second.pop_front();
       progress = true;
     }
   }
   for (int r = 0; r < ranks; ++r)
     if (next[static_cast<size_t>(r)] != actions[static_cast<size_t>(r)].size()) return Outcome::deadlocks;
   for (const auto& [key, queue] : queues)
+    if (!queue.empty()) return Outcome::deadlocks;
+  for (const auto& [key, queue] : in_transit)
     if (!queue.empty()) return Outcome::deadlocks;
   return Outcome::completes;
 }
@@ -134,8 +154,9 @@ TEST(PipelineLinks, EveryScheduleSendsInTheReceiversOrderOnEveryLink) {
 
 TEST(PipelineLinks, EveryScheduleRunsToItsEndUnderNcclsRules) {
   each_schedule([](const char* schedule, int ranks, int m, int chunks) {
-    EXPECT_EQ(run_under_nccl_rules(schedule, ranks, m, chunks, false), Outcome::completes)
-        << schedule << " " << ranks << " x " << m << " x " << chunks;
+    for (bool small : {false, true})
+      EXPECT_EQ(run_under_nccl_rules(schedule, ranks, m, chunks, false, small), Outcome::completes)
+          << schedule << " " << ranks << " x " << m << " x " << chunks << (small ? ", small messages" : "");
   });
 }
 
@@ -146,8 +167,12 @@ TEST(PipelineLinks, OneGroupForAllTransfersWouldHangOrSwapThem) {
   // One microbatch never sends both ways at once.
   EXPECT_EQ(run_under_nccl_rules("1f1b", 2, 1, 1, true), Outcome::completes);
   // zbv at pp 2, m 4 on one group: rank 0 sends activations 0-2 of its first chunk before the
-  // gradient of microbatch 0 of its second; rank 1 takes that gradient before activation 2.
-  EXPECT_NE(run_under_nccl_rules("zbv", 2, 4, 2, true), Outcome::completes);
+  // gradient of microbatch 0 of its second, and rank 1 takes that gradient before activation 2.
+  // Larger than NCCL's buffers, the two ranks' sends wait on each other; smaller, NCCL pairs
+  // activation 2 with the gradient.
+  EXPECT_EQ(run_under_nccl_rules("zbv", 2, 4, 2, true), Outcome::deadlocks);
+  EXPECT_EQ(run_under_nccl_rules("zbv", 2, 4, 2, true, /*small_messages=*/true), Outcome::pairs_wrong_transfers);
+  EXPECT_EQ(run_under_nccl_rules("1f1b", 2, 2, 1, true, /*small_messages=*/true), Outcome::completes);
 }
 
 }  // namespace
