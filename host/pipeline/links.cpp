@@ -37,12 +37,13 @@ std::vector<PassTransfer> pass_transfers(const std::string& schedule, int rank, 
 
 namespace {
 
-// Calls `visit(rank, transfer)` for every transfer of every rank of the schedule, each rank's in
-// its issue order.
+// Calls `visit(rank, transfer)` for every transfer of every rank of the schedule's training
+// step, or of an evaluation's forward passes, each rank's in its issue order.
 template <typename Visit>
-void each_transfer(const std::string& schedule, int ranks, int microbatches, int chunks, Visit visit) {
+void each_transfer(const std::string& schedule, int ranks, int microbatches, int chunks, bool evaluation, Visit visit) {
   for (int r = 0; r < ranks; ++r)
-    for (const PipelineAction& a : stage_actions(schedule, r, ranks, microbatches, chunks))
+    for (const PipelineAction& a : evaluation ? evaluation_actions(microbatches, chunks)
+                                              : stage_actions(schedule, r, ranks, microbatches, chunks))
       for (const PassTransfer& t : pass_transfers(schedule, r, ranks, chunks, a))
         if (t.peer != r) visit(r, t);
 }
@@ -51,22 +52,27 @@ void each_transfer(const std::string& schedule, int ranks, int microbatches, int
 
 std::vector<LinkUse> links_in_use(const std::string& schedule, int ranks, int microbatches, int chunks) {
   std::set<LinkUse> uses;
-  each_transfer(schedule, ranks, microbatches, chunks, [&](int r, const PassTransfer& t) {
-    if (t.sending) uses.insert({pipeline_link(t.kind, r, t.peer), r, t.peer});
-  });
+  for (bool evaluation : {false, true})
+    each_transfer(schedule, ranks, microbatches, chunks, evaluation, [&](int r, const PassTransfer& t) {
+      if (t.sending) uses.insert({pipeline_link(t.kind, r, t.peer), r, t.peer});
+    });
   return {uses.begin(), uses.end()};
 }
 
 bool transfers_pair_in_order(const std::string& schedule, int ranks, int microbatches, int chunks) {
   // Per link direction, the transfers in the sender's issue order and in the receiver's.
   using Transfer = std::tuple<int, int, int>;  // kind, boundary, microbatch
-  std::map<LinkUse, std::vector<Transfer>> sent, received;
-  each_transfer(schedule, ranks, microbatches, chunks, [&](int r, const PassTransfer& t) {
-    const int from = t.sending ? r : t.peer, to = t.sending ? t.peer : r;
-    auto& list = t.sending ? sent : received;
-    list[{pipeline_link(t.kind, from, to), from, to}].emplace_back(static_cast<int>(t.kind), t.boundary, t.microbatch);
-  });
-  return sent == received;
+  for (bool evaluation : {false, true}) {
+    std::map<LinkUse, std::vector<Transfer>> sent, received;
+    each_transfer(schedule, ranks, microbatches, chunks, evaluation, [&](int r, const PassTransfer& t) {
+      const int from = t.sending ? r : t.peer, to = t.sending ? t.peer : r;
+      auto& list = t.sending ? sent : received;
+      list[{pipeline_link(t.kind, from, to), from, to}].emplace_back(static_cast<int>(t.kind), t.boundary,
+                                                                     t.microbatch);
+    });
+    if (sent != received) return false;
+  }
+  return true;
 }
 
 void open_pipeline_links(const std::vector<Group*>& links, int rank, const std::vector<LinkUse>& uses,

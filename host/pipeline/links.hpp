@@ -52,13 +52,13 @@ struct LinkUse {
   auto operator<=>(const LinkUse&) const = default;
 };
 
-/// Every link direction that some rank of `schedule` sends on, in ascending order; hand-overs in
-/// memory excluded.
+/// Every link direction that some rank of `schedule` sends on, in a training step or an
+/// evaluation, in ascending order; hand-overs in memory excluded.
 std::vector<LinkUse> links_in_use(const std::string& schedule, int ranks, int microbatches, int chunks);
 
 /// Whether, on every link and between every two ranks, the sender issues its transfers in the
-/// order the receiver takes them: then NCCL, which pairs them in issue order, pairs each
-/// transfer with itself.
+/// order the receiver takes them, in a training step and in an evaluation (evaluation_actions):
+/// then NCCL, which pairs them in issue order, pairs each transfer with itself.
 bool transfers_pair_in_order(const std::string& schedule, int ranks, int microbatches, int chunks);
 
 /// Sends one element on every use of `uses` that involves pp rank `rank`, one at a time in an

@@ -197,39 +197,39 @@ at::Tensor PipelineRunner::evaluate(const std::vector<at::Tensor>& tokens, const
   // the end (one activation per chunk and microbatch, no autograd graph).
   const size_t bound = parts_.size() == 1 ? 2 : std::numeric_limits<size_t>::max();
   std::deque<std::pair<std::unique_ptr<Work>, at::Tensor>> sends;
-  for (int mb = 0; mb < microbatches; ++mb)
-    for (int chunk = 0; chunk < static_cast<int>(parts_.size()); ++chunk) {
-      const int stage = virtual_stage(chunk);
-      const bool first = stage == 0, last = stage == virtual_stages_ - 1;
-      const at::Tensor& mb_tokens = tokens[static_cast<size_t>(mb)];
-      const std::vector<int64_t> shape = {mb_tokens.size(0), mb_tokens.size(1), hidden_size_};
-      at::Tensor input;
-      if (!first)
-        input = receive_from(shape, TransferKind::activation, stage - 1, activation_tag(stage - 1, mb, microbatches));
-      at::Tensor output;
-      {
-        AutocastScope autocast(device_, compute_dtype_);
-        output = parts_[static_cast<size_t>(chunk)]->forward(mb_tokens.to(device_),
-                                                             labels[static_cast<size_t>(mb)].to(device_),
-                                                             first ? nullptr : &input, mb, microbatches);
-      }
-      if (last) {
-        loss_total.add_(output);
-        continue;
-      }
-      output = outgoing(output, shape, stage);
-      if (rank_of(stage + 1) == stage_) {  // the turn of a V: this rank's next chunk
-        handed_over_[activation_tag(stage, mb, microbatches)] = output;
-        continue;
-      }
-      if (sends.size() == bound) {
-        if (sends.front().first) sends.front().first->wait();
-        sends.pop_front();
-      }
-      std::unique_ptr<Work> work = link(TransferKind::activation, stage_, rank_of(stage + 1))
-                                       .isend(output, rank_of(stage + 1), activation_tag(stage, mb, microbatches));
-      sends.emplace_back(std::move(work), output);
+  for (const PipelineAction& action : evaluation_actions(microbatches, static_cast<int>(parts_.size()))) {
+    const int mb = action.microbatch, chunk = action.chunk;
+    const int stage = virtual_stage(chunk);
+    const bool first = stage == 0, last = stage == virtual_stages_ - 1;
+    const at::Tensor& mb_tokens = tokens[static_cast<size_t>(mb)];
+    const std::vector<int64_t> shape = {mb_tokens.size(0), mb_tokens.size(1), hidden_size_};
+    at::Tensor input;
+    if (!first)
+      input = receive_from(shape, TransferKind::activation, stage - 1, activation_tag(stage - 1, mb, microbatches));
+    at::Tensor output;
+    {
+      AutocastScope autocast(device_, compute_dtype_);
+      output = parts_[static_cast<size_t>(chunk)]->forward(mb_tokens.to(device_),
+                                                           labels[static_cast<size_t>(mb)].to(device_),
+                                                           first ? nullptr : &input, mb, microbatches);
     }
+    if (last) {
+      loss_total.add_(output);
+      continue;
+    }
+    output = outgoing(output, shape, stage);
+    if (rank_of(stage + 1) == stage_) {  // the turn of a V: this rank's next chunk
+      handed_over_[activation_tag(stage, mb, microbatches)] = output;
+      continue;
+    }
+    if (sends.size() == bound) {
+      if (sends.front().first) sends.front().first->wait();
+      sends.pop_front();
+    }
+    std::unique_ptr<Work> work = link(TransferKind::activation, stage_, rank_of(stage + 1))
+                                     .isend(output, rank_of(stage + 1), activation_tag(stage, mb, microbatches));
+    sends.emplace_back(std::move(work), output);
+  }
   for (auto& [work, kept] : sends)
     if (work) work->wait();
   return loss_total;

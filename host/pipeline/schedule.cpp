@@ -142,6 +142,13 @@ std::vector<PipelineAction> stage_actions(const std::string& schedule, int stage
   return out;
 }
 
+std::vector<PipelineAction> evaluation_actions(int microbatches, int chunks) {
+  std::vector<PipelineAction> out;
+  for (int mb = 0; mb < microbatches; ++mb)
+    for (int chunk = 0; chunk < chunks; ++chunk) out.push_back({PipelineAction::forward, mb, chunk});
+  return out;
+}
+
 bool has_weight_passes(const std::vector<PipelineAction>& actions) {
   return std::any_of(actions.begin(), actions.end(),
                      [](const PipelineAction& a) { return a.kind == PipelineAction::weight; });

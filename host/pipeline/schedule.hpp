@@ -58,6 +58,10 @@ int stage_rank(const std::string& schedule, int stage, int ranks);
 std::vector<PipelineAction> stage_actions(const std::string& schedule, int stage, int stages, int microbatches,
                                           int chunks = 1);
 
+/// The forward passes of an evaluation on a rank holding `chunks` chunks: each microbatch in
+/// order through the chunks in order (no backward passes, so nothing to interleave).
+std::vector<PipelineAction> evaluation_actions(int microbatches, int chunks);
+
 /// The most (microbatch, chunk) passes whose forward has run and whose backward has not (its
 /// weight pass, where the schedule has them), at any point of `actions`: how many chunk
 /// activations the rank holds at its peak.

@@ -27,9 +27,9 @@ enum class Outcome { completes, deadlocks, pairs_wrong_transfers };
 // blocks the host, a receive blocks it until it finishes. Messages larger than NCCL's buffers
 // (`small_messages` false) finish a send only together with its receive; small ones leave as
 // soon as they reach the front. `one_group`: every transfer on the pp group, as before the
-// links; else on pipeline_link()'s group.
+// links; else on pipeline_link()'s group. `evaluation`: the forward passes of an evaluation.
 Outcome run_under_nccl_rules(const std::string& schedule, int ranks, int microbatches, int chunks, bool one_group,
-                             bool small_messages = false) {
+                             bool small_messages = false, bool evaluation = false) {
   struct Queued {
     PassTransfer transfer;
     int from, to;
@@ -41,7 +41,9 @@ Outcome run_under_nccl_rules(const std::string& schedule, int ranks, int microba
     return Communicator{one_group ? 0 : pipeline_link(t.kind, from, to), std::min(from, to), std::max(from, to)};
   };
   std::vector<std::vector<PipelineAction>> actions;
-  for (int r = 0; r < ranks; ++r) actions.push_back(stage_actions(schedule, r, ranks, microbatches, chunks));
+  for (int r = 0; r < ranks; ++r)
+    actions.push_back(evaluation ? evaluation_actions(microbatches, chunks)
+                                 : stage_actions(schedule, r, ranks, microbatches, chunks));
   std::vector<size_t> next(static_cast<size_t>(ranks), 0);
   std::vector<int> receive_state(static_cast<size_t>(ranks), 0);  // 0 not posted, 1 posted, 2 done
   auto issue = [&](int r, const PassTransfer& t) {
@@ -155,8 +157,10 @@ TEST(PipelineLinks, EveryScheduleSendsInTheReceiversOrderOnEveryLink) {
 TEST(PipelineLinks, EveryScheduleRunsToItsEndUnderNcclsRules) {
   each_schedule([](const char* schedule, int ranks, int m, int chunks) {
     for (bool small : {false, true})
-      EXPECT_EQ(run_under_nccl_rules(schedule, ranks, m, chunks, false, small), Outcome::completes)
-          << schedule << " " << ranks << " x " << m << " x " << chunks << (small ? ", small messages" : "");
+      for (bool evaluation : {false, true})
+        EXPECT_EQ(run_under_nccl_rules(schedule, ranks, m, chunks, false, small, evaluation), Outcome::completes)
+            << schedule << " " << ranks << " x " << m << " x " << chunks << (small ? ", small messages" : "")
+            << (evaluation ? ", evaluation" : "");
   });
 }
 
