@@ -1,5 +1,7 @@
 #include "pipeline/links.hpp"
 
+#include <c10/util/Exception.h>
+
 #include <algorithm>
 #include <limits>
 #include <map>
@@ -94,10 +96,16 @@ void open_pipeline_links(const std::vector<Group*>& links, int rank, const std::
     if (use.from != rank && use.to != rank) continue;
     at::Tensor token = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(device));
     Group& link = *links.at(static_cast<size_t>(use.link));
-    if (use.from == rank)
-      link.send(token, use.to, tag);
-    else
-      link.recv(token, use.from, tag);
+    try {
+      if (use.from == rank)
+        link.send(token, use.to, tag);
+      else
+        link.recv(token, use.from, tag);
+    } catch (const c10::Error& e) {  // LibTorch's message without its C++ stack trace
+      throw std::runtime_error(cat("pipeline: opening link ", use.link, " from pp rank ", use.from, " to pp rank ",
+                                   use.to, " failed (did pp rank ", use.from == rank ? use.to : use.from,
+                                   " stop during setup?): ", e.what_without_backtrace()));
+    }
   }
 }
 

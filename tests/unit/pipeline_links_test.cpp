@@ -4,8 +4,11 @@
 // transfers would not.
 #include <gtest/gtest.h>
 
+#include <c10/util/Exception.h>
+
 #include <deque>
 #include <map>
+#include <memory>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -111,6 +114,77 @@ Outcome run_under_nccl_rules(const std::string& schedule, int ranks, int microba
   for (const auto& [key, queue] : in_transit)
     if (!queue.empty()) return Outcome::deadlocks;
   return Outcome::completes;
+}
+
+// A link group that logs this rank's transfers, or fails them as one to a peer that stopped
+// does: after Gloo's or NCCL's timeout, with LibTorch's error.
+class LoggingLink final : public Group {
+ public:
+  LoggingLink(int link, std::vector<std::string>& log, bool fail) : link_(link), log_(log), fail_(fail) {}
+  int rank() const override { return 0; }
+  int size() const override { return static_cast<int>(members_.size()); }
+  const std::vector<int>& world_ranks() const override { return members_; }
+  void send(const at::Tensor&, int peer, int) override { transfer("send", peer); }
+  void recv(at::Tensor&, int peer, int) override { transfer("recv", peer); }
+  void all_reduce(at::Tensor&, keel_reduce_op) override { unused(); }
+  void broadcast(at::Tensor&, int) override { unused(); }
+  void all_gather(at::Tensor&, const at::Tensor&) override { unused(); }
+  void reduce_scatter(at::Tensor&, const at::Tensor&, keel_reduce_op) override { unused(); }
+  void all_to_all(at::Tensor&, const at::Tensor&, const std::vector<int64_t>&, const std::vector<int64_t>&) override {
+    unused();
+  }
+  std::unique_ptr<Work> isend(const at::Tensor&, int, int) override { return unused(); }
+  std::unique_ptr<Work> irecv(at::Tensor&, int, int) override { return unused(); }
+  std::unique_ptr<Work> all_reduce_async(at::Tensor&, keel_reduce_op) override { return unused(); }
+  std::unique_ptr<Work> reduce_scatter_async(at::Tensor&, const std::vector<int64_t>&, keel_reduce_op) override {
+    return unused();
+  }
+
+ private:
+  void transfer(const char* what, int peer) {
+    TORCH_CHECK(!fail_, "Timed out waiting 300000ms for ", what, " operation to complete");
+    log_.push_back(std::string(what) + " " + std::to_string(link_) + " " + std::to_string(peer));
+  }
+  static std::unique_ptr<Work> unused() { throw std::logic_error("not a transfer of the link handshake"); }
+
+  int link_;
+  std::vector<std::string>& log_;
+  bool fail_;
+  std::vector<int> members_{0, 1, 2, 3};
+};
+
+std::vector<std::string> open_as(int rank, const std::string& schedule, int ranks, bool fail = false) {
+  std::vector<std::string> log;
+  std::vector<std::unique_ptr<LoggingLink>> owned;
+  std::vector<Group*> links;
+  for (int link = 0; link < kMeshPipelineLinks; ++link) {
+    owned.push_back(std::make_unique<LoggingLink>(link, log, fail));
+    links.push_back(owned.back().get());
+  }
+  open_pipeline_links(links, rank, links_in_use(schedule, ranks, ranks, 1), at::kCPU);
+  return log;
+}
+
+TEST(PipelineLinks, OpeningTakesEvenPairsBeforeOddOnesLinkByLink) {
+  // 1F1B on 4 ranks: activations up on link 0, gradients down on link 3. Pairs (0, 1) and
+  // (2, 3) open together, then (1, 2).
+  EXPECT_EQ(open_as(1, "1f1b", 4), (std::vector<std::string>{"recv 0 0", "send 0 2", "send 3 0", "recv 3 2"}));
+  EXPECT_EQ(open_as(2, "1f1b", 4), (std::vector<std::string>{"send 0 3", "recv 0 1", "recv 3 3", "send 3 1"}));
+  EXPECT_EQ(open_as(0, "1f1b", 4), (std::vector<std::string>{"send 0 1", "recv 3 1"}));
+}
+
+TEST(PipelineLinks, AFailedOpeningNamesTheLinkAndThePeerWithoutAStackTrace) {
+  try {
+    open_as(1, "1f1b", 2, /*fail=*/true);
+    FAIL() << "no error";
+  } catch (const std::runtime_error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("pipeline: opening link 0 from pp rank 0 to pp rank 1 failed (did pp rank 0 stop during "
+                           "setup?): Timed out waiting 300000ms for recv operation to complete"),
+              std::string::npos)
+        << message;
+    EXPECT_EQ(message.find("Exception raised from"), std::string::npos) << message;
+  }
 }
 
 struct Case {
