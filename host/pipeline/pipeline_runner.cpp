@@ -62,6 +62,12 @@ PipelineRunner::PipelineRunner(std::vector<ModelPart*> parts, Group& pp, std::ve
       seen[static_cast<size_t>(actions_[i].chunk)] = true;
       last_backward_[i] = true;
     }
+  // NCCL pairs a link's transfers in issue order, whatever their tags: a schedule whose ranks
+  // sent in another order than their peers receive would swap activations silently.
+  if (!transfers_pair_in_order(schedule, pp.size(), microbatches, chunks))
+    throw std::logic_error(cat("pipeline: \"", schedule,
+                               "\" sends on a link in another order than the receiver "
+                               "takes its transfers"));
   open_pipeline_links(links_, stage_, links_in_use(schedule, pp.size(), microbatches, chunks), device);
 }
 

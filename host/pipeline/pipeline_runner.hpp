@@ -4,8 +4,8 @@
 // each chunk: chunk_stage) over the pipeline's link groups, one per kind and direction
 // (pipeline/links.hpp): sends are asynchronous (waited for at the end of the step), receives
 // block, and on each link one rank of a pair only sends and the other only receives, so no
-// transfer waits behind another on NCCL either (links.hpp says what that still assumes). Between two chunks of the same
-// rank (the turn of zbv's V) they are handed over in memory.
+// transfer waits behind another on NCCL either (links.hpp says what that still assumes).
+// Between two chunks of the same rank (the turn of zbv's V) they are handed over in memory.
 #pragma once
 
 #include <ATen/ATen.h>

@@ -12,7 +12,6 @@
 #include "common/text.hpp"
 #include "config/component_table.hpp"
 #include "device/device.hpp"
-#include "pipeline/links.hpp"
 #include "pipeline/schedule.hpp"
 #include "pipeline/stage_split.hpp"
 
@@ -83,15 +82,6 @@ Job::Job(const RunOptions& options, bool meta, int offline_rank) : tree_(load_tr
   if (config_.training.threads > 0) at::set_num_threads(config_.training.threads);
   at::globalContext().setFlushDenormal(config_.training.flush_denormal);
 
-  // NCCL pairs the transfers of a link in issue order, whatever their tags (pipeline/links.hpp):
-  // a schedule whose ranks sent in another order than their peers receive would swap
-  // activations silently. Every shipped schedule passes; this guards the ones to come.
-  if (device_.is_cuda() && par.pp > 1 &&
-      !transfers_pair_in_order(par.schedule, par.pp, par.microbatches, par.stages_per_rank))
-    ConfigSection(tree_, "parallelism")
-        .invalid("schedule", cat("\"", par.schedule, "\" at pp = ", par.pp, " with ", par.microbatches,
-                                 " microbatches sends on a pipeline link in another order than the receiver takes "
-                                 "them; NCCL pairs transfers in issue order"));
   registry_ = std::make_unique<PluginRegistry>(plugin_search_path(options.plugin_dirs));
   const keel_component& model_c =
       registry_->component(config_.model.plugin, config_.model.component, KEEL_COMPONENT_MODEL);
