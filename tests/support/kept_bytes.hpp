@@ -68,10 +68,13 @@ struct KeptBytes {
 
 /// Under each recompute mode, each part of each split of the model (the specs of one way to
 /// split it into stages), built by `make` and initialised: the model's estimate for a [batch,
-/// seq] microbatch against measured_kept_bytes. Sets one thread while it measures.
+/// seq] microbatch against measured_kept_bytes. With `until_weight_pass`, what is held between
+/// the input and weight passes instead, under the modes the zero-bubble schedules take ("full"
+/// is refused there). Sets one thread while it measures.
 inline std::vector<KeptBytes> estimates_against_kept_bytes(const std::function<std::unique_ptr<Model>()>& make,
                                                            const std::vector<std::vector<keel_part_spec>>& splits,
-                                                           int64_t batch, int64_t seq, int64_t vocab, int64_t dim) {
+                                                           int64_t batch, int64_t seq, int64_t vocab, int64_t dim,
+                                                           bool until_weight_pass = false) {
   const int threads = at::get_num_threads();
   at::set_num_threads(1);
   std::vector<KeptBytes> out;
@@ -79,12 +82,14 @@ inline std::vector<KeptBytes> estimates_against_kept_bytes(const std::function<s
       {"none", KEEL_RECOMPUTE_NONE}, {"full", KEEL_RECOMPUTE_FULL}, {"selective", KEEL_RECOMPUTE_SELECTIVE}};
   for (const auto& [mode, abi] : modes)
     for (const std::vector<keel_part_spec>& split : splits) {
+      if (until_weight_pass && abi == KEEL_RECOMPUTE_FULL) continue;
       std::unique_ptr<Model> model = make();
       if (abi != KEEL_RECOMPUTE_NONE) model->set_recompute(mode, "training.recompute");
       for (const keel_part_spec& spec : split) {
         ModelPart& part = model->build_part(spec);
         part.init_weights(1);
-        const double measured = static_cast<double>(measured_kept_bytes(part, batch, seq, vocab, dim));
+        const double measured =
+            static_cast<double>(measured_kept_bytes(part, batch, seq, vocab, dim, until_weight_pass));
         const double estimate = static_cast<double>(model->activation_bytes(spec, batch, seq, abi).value_or(-1));
         out.push_back({mode, spec, estimate, measured});
       }

@@ -33,13 +33,9 @@ enum class Outcome { completes, deadlocks, pairs_wrong_transfers };
 // links; else on pipeline_link()'s group. `evaluation`: the forward passes of an evaluation.
 Outcome run_under_nccl_rules(const std::string& schedule, int ranks, int microbatches, int chunks, bool one_group,
                              bool small_messages = false, bool evaluation = false) {
-  struct Queued {
-    PassTransfer transfer;
-    int from, to;
-  };
-  using Communicator = std::tuple<int, int, int>;                         // group, lower rank, higher rank
-  std::map<std::pair<int, Communicator>, std::deque<Queued>> queues;      // by (rank, communicator)
-  std::map<std::pair<Communicator, int>, std::deque<Queued>> in_transit;  // by (communicator, sender)
+  using Communicator = std::tuple<int, int, int>;                               // group, lower rank, higher rank
+  std::map<std::pair<int, Communicator>, std::deque<PassTransfer>> queues;      // by (rank, communicator)
+  std::map<std::pair<Communicator, int>, std::deque<PassTransfer>> in_transit;  // by (communicator, sender)
   auto communicator = [&](const PassTransfer& t, int from, int to) {
     return Communicator{one_group ? 0 : pipeline_link(t.kind, from, to), std::min(from, to), std::max(from, to)};
   };
@@ -51,7 +47,7 @@ Outcome run_under_nccl_rules(const std::string& schedule, int ranks, int microba
   std::vector<int> receive_state(static_cast<size_t>(ranks), 0);  // 0 not posted, 1 posted, 2 done
   auto issue = [&](int r, const PassTransfer& t) {
     const int from = t.sending ? r : t.peer, to = t.sending ? t.peer : r;
-    queues[{r, communicator(t, from, to)}].push_back({t, from, to});
+    queues[{r, communicator(t, from, to)}].push_back(t);
   };
   for (bool progress = true; progress;) {
     progress = false;
@@ -80,28 +76,20 @@ Outcome run_under_nccl_rules(const std::string& schedule, int ranks, int microba
       const auto& [rank, comm] = key;
       const int peer = std::get<1>(comm) == rank ? std::get<2>(comm) : std::get<1>(comm);
       if (small_messages)  // sent at once into the peer's buffer, in order
-        while (!queue.empty() && queue.front().transfer.sending) {
+        while (!queue.empty() && queue.front().sending) {
           in_transit[{comm, rank}].push_back(queue.front());
           queue.pop_front();
           progress = true;
         }
-      if (queue.empty() || queue.front().transfer.sending) continue;  // seen from the receiver
-      const Queued& mine = queue.front();
-      const Queued* theirs = nullptr;
-      auto buffered = in_transit.find({comm, peer});
-      auto other = queues.find({peer, comm});
-      if (buffered != in_transit.end() && !buffered->second.empty())
-        theirs = &buffered->second.front();
-      else if (other != queues.end() && !other->second.empty() && other->second.front().transfer.sending)
-        theirs = &other->second.front();
-      if (theirs == nullptr) continue;
-      if (mine.transfer.kind != theirs->transfer.kind || mine.transfer.boundary != theirs->transfer.boundary ||
-          mine.transfer.microbatch != theirs->transfer.microbatch)
+      if (queue.empty() || queue.front().sending) continue;  // seen from the receiver
+      // The send it pairs with: the oldest one buffered, else the peer's next one.
+      std::deque<PassTransfer>* sender = &in_transit[{comm, peer}];
+      if (sender->empty()) sender = &queues[{peer, comm}];
+      if (sender->empty() || !sender->front().sending) continue;
+      const PassTransfer &mine = queue.front(), &theirs = sender->front();
+      if (mine.kind != theirs.kind || mine.boundary != theirs.boundary || mine.microbatch != theirs.microbatch)
         return Outcome::pairs_wrong_transfers;
-      if (buffered != in_transit.end() && !buffered->second.empty())
-        buffered->second.pop_front();
-      else
-        other->second.pop_front();
+      sender->pop_front();
       receive_state[static_cast<size_t>(rank)] = 2;
       queue.pop_front();
       progress = true;
