@@ -174,6 +174,7 @@ JobConfig read_job_config(ConfigTree& tree, int world_size, bool cuda_available)
     tr.invalid("device", "'cuda' was asked for, but this LibTorch sees no CUDA device (use \"auto\" or \"cpu\")");
   c.training.threads = tr.integer_as<int>("threads", 0, 0, kMaxThreads);
   c.training.flush_denormal = tr.boolean("flush_denormal", true);
+  c.training.cpu_gemm = tr.choice("cpu_gemm", "onednn", {"onednn", "blas"});
   c.training.device_memory_gb = in_range(tr, "device_memory_gb", 0, 0, 65536, false);
   int64_t ranks_per_step = int64_t{c.parallelism.dp} * c.parallelism.microbatches;
   if (c.training.global_batch % ranks_per_step != 0)

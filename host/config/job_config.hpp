@@ -40,13 +40,14 @@ struct TrainingSection {
   int64_t seq_len = 0;
   int64_t global_batch = 0;
   uint64_t seed = 0;
-  std::string dtype = "fp32";      ///< "fp32" | "bf16" (bf16 compute, fp32 master weights and optimizer)
-  std::string device = "cpu";      ///< resolved: "cpu" or "cuda"
-  int threads = 0;                 ///< 0 = LibTorch's default
-  bool flush_denormal = true;      ///< CPU: treat subnormal floats as zero (Adam's second moments
-                                   ///< of tiny gradients otherwise slow every step down several-fold)
-  std::string recompute = "none";  ///< "none" | "full" | "selective": activations recomputed in backward
-  double device_memory_gb = 0;     ///< per rank, for the dry run's memory plan; 0 = the GPU's, if any
+  std::string dtype = "fp32";       ///< "fp32" | "bf16" (bf16 compute, fp32 master weights and optimizer)
+  std::string device = "cpu";       ///< resolved: "cpu" or "cuda"
+  int threads = 0;                  ///< 0 = LibTorch's default
+  std::string cpu_gemm = "onednn";  ///< "onednn" | "blas": which library runs fp32 CPU matrix products
+  bool flush_denormal = true;       ///< CPU: treat subnormal floats as zero (Adam's second moments
+                                    ///< of tiny gradients otherwise slow every step down several-fold)
+  std::string recompute = "none";   ///< "none" | "full" | "selective": activations recomputed in backward
+  double device_memory_gb = 0;      ///< per rank, for the dry run's memory plan; 0 = the GPU's, if any
 };
 
 struct OptimizerSection {

@@ -2,6 +2,7 @@
 
 #include <c10/core/GradMode.h>
 #include <keel/autograd.hpp>
+#include <keel/linear.hpp>
 #include <keel/recompute.hpp>
 
 #include <limits>
@@ -36,14 +37,14 @@ Attention::Attention(Declare& d, const std::string& p, const Args& a, const keel
 at::Tensor Attention::forward(const at::Tensor& x, const RopeTables& rope) const {
   const Args& a = args_;
   const int64_t b = x.size(0), s = x.size(1), h = a.n_heads;
-  at::Tensor q =
-      wq_ != nullptr ? at::linear(x, *wq_) : at::linear(rms_norm(at::linear(x, *wq_a_), *q_norm_, a.norm_eps), *wq_b_);
+  at::Tensor q = wq_ != nullptr ? keel::linear(x, *wq_)
+                                : keel::linear(rms_norm(keel::linear(x, *wq_a_), *q_norm_, a.norm_eps), *wq_b_);
   q = q.view({b, s, h, a.qk_head_dim()});
   std::vector<at::Tensor> q_parts = q.split({a.qk_nope_head_dim, a.qk_rope_head_dim}, -1);
-  std::vector<at::Tensor> kv_parts = at::linear(x, *wkv_a_).split({a.kv_lora_rank, a.qk_rope_head_dim}, -1);
+  std::vector<at::Tensor> kv_parts = keel::linear(x, *wkv_a_).split({a.kv_lora_rank, a.qk_rope_head_dim}, -1);
   at::Tensor k_rope = apply_rope(kv_parts[1].view({b, s, 1, a.qk_rope_head_dim}), rope);
   at::Tensor q_rope = apply_rope(q_parts[1], rope);
-  at::Tensor kv = at::linear(rms_norm(kv_parts[0], *kv_norm_, a.norm_eps), *wkv_b_)
+  at::Tensor kv = keel::linear(rms_norm(kv_parts[0], *kv_norm_, a.norm_eps), *wkv_b_)
                       .view({b, s, h, a.qk_nope_head_dim + a.v_head_dim});
   std::vector<at::Tensor> k_v = kv.split({a.qk_nope_head_dim, a.v_head_dim}, -1);
   // The scores of the no-rope and rope parts apart, [b, h, s, s]: the rope key is one head
@@ -63,7 +64,7 @@ at::Tensor Attention::forward(const at::Tensor& x, const RopeTables& rope) const
   // Selective recomputation keeps the projections and reruns the scores, softmax and value
   // product, whose [b, h, s, s] tensors are most of a block's activations.
   at::Tensor out = a.recompute == keel::Recompute::selective ? keel::recompute(core, parts) : core(parts);
-  return at::linear(out.transpose(1, 2).reshape({b, s, h * a.v_head_dim}), *wo_);
+  return keel::linear(out.transpose(1, 2).reshape({b, s, h * a.v_head_dim}), *wo_);
 }
 
 // ------------------------------------------------------------------ dense MLP
@@ -87,7 +88,7 @@ at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up, keel::Recompute 
 }  // namespace
 
 at::Tensor Mlp::forward(const at::Tensor& x) const {
-  return at::linear(swiglu(at::linear(x, *w1_), at::linear(x, *w3_), recompute_), *w2_);
+  return keel::linear(swiglu(keel::linear(x, *w1_), keel::linear(x, *w3_), recompute_), *w2_);
 }
 
 // ------------------------------------------------------------------ MoE
@@ -114,7 +115,7 @@ at::Tensor Moe::forward(const at::Tensor& x) {
   const auto shape = x.sizes().vec();
   at::Tensor tokens = x.reshape({-1, a.dim});
   const int64_t n = tokens.size(0), e = a.n_routed_experts;
-  at::Tensor logits = at::linear(tokens.to(at::kFloat), gate_->to(at::kFloat));
+  at::Tensor logits = keel::linear(tokens.to(at::kFloat), gate_->to(at::kFloat));
   at::Tensor scores = a.score_func == "softmax" ? logits.softmax(-1) : logits.sigmoid();
   // The bias steers which experts are chosen, never the weights they get.
   at::Tensor choice = scores.detach() + *expert_bias_;
@@ -233,7 +234,7 @@ MtpModule::MtpModule(Declare& d, const std::string& p, const Args& a, int64_t la
 at::Tensor MtpModule::forward(const at::Tensor& previous, const at::Tensor& embedded, const RopeTables& rope) {
   at::Tensor joined =
       at::cat({rms_norm(embedded, *enorm_, args_.norm_eps), rms_norm(previous, *hnorm_, args_.norm_eps)}, -1);
-  return block_.forward(at::linear(joined, *eh_proj_), rope);
+  return block_.forward(keel::linear(joined, *eh_proj_), rope);
 }
 
 }  // namespace deepseek_v3

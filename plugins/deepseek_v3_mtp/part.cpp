@@ -1,5 +1,6 @@
 #include "part.hpp"
 
+#include <keel/linear.hpp>
 #include <keel/recompute.hpp>
 
 #include <cmath>
@@ -86,7 +87,7 @@ Part::Outputs Part::compute(const at::Tensor& tokens, const at::Tensor& labels, 
     out.activation = h;
     return out;
   }
-  out.logits = at::linear(rms_norm(h, *norm_, args_.norm_eps), *output_);
+  out.logits = keel::linear(rms_norm(h, *norm_, args_.norm_eps), *output_);
   out.main_loss_sum = loss_sum(out.logits, labels);
   out.main_tokens = labels.ne(KEEL_IGNORE_INDEX).sum();
   out.loss_sum = out.main_loss_sum;
@@ -112,7 +113,7 @@ Part::Outputs Part::compute(const at::Tensor& tokens, const at::Tensor& labels, 
     at::Tensor targets = at::cat({labels.slice(1, k, seq), at::zeros({batch, k}, labels.options())}, 1)
                              .masked_fill(chain_broken, KEEL_IGNORE_INDEX);
     previous = run_mtp(*mtp_[d], previous, at::embedding(*embedding_, ahead), tables);
-    at::Tensor logits = at::linear(rms_norm(previous, mtp_[d]->norm(), args_.norm_eps), *output_);
+    at::Tensor logits = keel::linear(rms_norm(previous, mtp_[d]->norm(), args_.norm_eps), *output_);
     at::Tensor sum = loss_sum(logits, targets);
     out.mtp_logits.push_back(logits);
     out.mtp_loss_sums.push_back(sum);

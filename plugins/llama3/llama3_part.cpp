@@ -1,6 +1,7 @@
 #include "llama3_part.hpp"
 
 #include <keel/init.hpp>
+#include <keel/linear.hpp>
 #include <keel/recompute.hpp>
 
 #include <cmath>
@@ -75,9 +76,9 @@ Part::Part(keel_host* host, const Args& args, const keel_part_spec& spec)
 
 at::Tensor Part::attention(const Block& b, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const {
   const int64_t batch = x.size(0), seq = x.size(1), hd = args_.head_dim();
-  at::Tensor q = at::linear(x, *b.wq).view({batch, seq, args_.n_heads, hd});
-  at::Tensor k = at::linear(x, *b.wk).view({batch, seq, args_.n_kv_heads, hd});
-  at::Tensor v = at::linear(x, *b.wv).view({batch, seq, args_.n_kv_heads, hd});
+  at::Tensor q = keel::linear(x, *b.wq).view({batch, seq, args_.n_heads, hd});
+  at::Tensor k = keel::linear(x, *b.wk).view({batch, seq, args_.n_kv_heads, hd});
+  at::Tensor v = keel::linear(x, *b.wv).view({batch, seq, args_.n_kv_heads, hd});
   q = apply_rope(q, cos, sin).transpose(1, 2);
   k = apply_rope(k, cos, sin).transpose(1, 2);
   v = v.transpose(1, 2);
@@ -88,16 +89,16 @@ at::Tensor Part::attention(const Block& b, const at::Tensor& x, const at::Tensor
   };
   // Selective recomputation keeps q, k, v and reruns the attention itself in backward.
   at::Tensor out = args_.recompute == keel::Recompute::selective ? keel::recompute(core, {q, k, v}) : core({q, k, v});
-  return at::linear(out.transpose(1, 2).reshape({batch, seq, args_.n_heads * hd}), *b.wo);
+  return keel::linear(out.transpose(1, 2).reshape({batch, seq, args_.n_heads * hd}), *b.wo);
 }
 
 at::Tensor Part::feed_forward(const Block& b, const at::Tensor& x) const {
   auto product = [](const std::vector<at::Tensor>& t) { return at::silu(t[0]) * t[1]; };
-  const std::vector<at::Tensor> gate_up = {at::linear(x, *b.w1), at::linear(x, *b.w3)};
+  const std::vector<at::Tensor> gate_up = {keel::linear(x, *b.w1), keel::linear(x, *b.w3)};
   // Selective recomputation keeps the two projections and reruns the SwiGLU product.
   at::Tensor hidden =
       args_.recompute == keel::Recompute::selective ? keel::recompute(product, gate_up) : product(gate_up);
-  return at::linear(hidden, *b.w2);
+  return keel::linear(hidden, *b.w2);
 }
 
 at::Tensor Part::block(const Block& b, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const {
@@ -126,7 +127,7 @@ at::Tensor Part::trunk(const at::Tensor& tokens, const at::Tensor* activation) c
 }
 
 at::Tensor Part::head(const at::Tensor& h) const {
-  return at::linear(at::rms_norm(h, {args_.dim}, *norm_, args_.norm_eps), *output_);
+  return keel::linear(at::rms_norm(h, {args_.dim}, *norm_, args_.norm_eps), *output_);
 }
 
 at::Tensor Part::logits(const at::Tensor& tokens) {

@@ -93,7 +93,7 @@ void place_documents(at::Tensor& sequence, int64_t eos, int64_t vocab) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: deepseek_dump OUT.safetensors [model_key=value ...]\n");
+    std::fprintf(stderr, "usage: deepseek_dump OUT.safetensors [cpu_gemm=onednn|blas] [model_key=value ...]\n");
     return 2;
   }
   try {
@@ -113,6 +113,8 @@ int main(int argc, char** argv) {
         export_format = kv.substr(7);
       else if (kv.rfind("eos=", 0) == 0)
         eos = std::stoll(kv.substr(4));
+      else if (kv == "cpu_gemm=onednn" || kv == "cpu_gemm=blas")
+        at::globalContext().setUserEnabledMkldnn(kv == "cpu_gemm=onednn");  // as keel-train's training.cpu_gemm
       else
         tree.set("model." + kv);
     }

@@ -1,6 +1,9 @@
 """Parity of Keel's DeepSeek-V3 plugin with independent implementations, fp32.
 
-  test_deepseek_v3.py DUMP_TOOL WORK_DIR CASE
+  test_deepseek_v3.py DUMP_TOOL WORK_DIR CASE [CPU_GEMM]
+
+CPU_GEMM (onednn, the default, or blas) picks the library of the plugin's fp32 products, as
+keel-train's training.cpu_gemm does; each case runs under both.
 
 CASE "hf":        Hugging Face transformers' DeepseekV3ForCausalLM (sigmoid scoring, group-limited
                   routing, YaRN, a non-zero routing bias) on the same weights and batch: logits,
@@ -47,9 +50,12 @@ def compare(name, ours, theirs):
         failures.append(f"{name}: max |diff| {diff.max().item():.3e} exceeds atol {ATOL} + rtol {RTOL} * |ref|")
 
 
+CPU_GEMM = sys.argv[4] if len(sys.argv) > 4 else "onednn"
+
+
 def dump(tool, work, name, settings):
     out = os.path.join(work, name + ".safetensors")
-    subprocess.run([tool, out] + settings, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([tool, out, "cpu_gemm=" + CPU_GEMM] + settings, check=True, stdout=subprocess.DEVNULL)
     tensors = load_file(out)
     with open(out, "rb") as f:
         size = struct.unpack("<Q", f.read(8))[0]
@@ -154,11 +160,11 @@ def main():
     {"hf": run_hf, "reference": run_reference,
      "documents": lambda tool, work: run_reference(tool, work, documents=True)}[case](tool, work)
     for kind, value in sorted(worst.items()):
-        print(f"{case}: largest |diff| of {kind}: {value:.3e}")
+        print(f"{case} ({CPU_GEMM}): largest |diff| of {kind}: {value:.3e}")
     if failures:
         print("\n".join(failures[:20]))
         sys.exit(1)
-    print(f"{case}: parity within rtol {RTOL} / atol {ATOL}")
+    print(f"{case} ({CPU_GEMM}): parity within rtol {RTOL} / atol {ATOL}")
 
 
 if __name__ == "__main__":

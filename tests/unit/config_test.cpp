@@ -104,6 +104,8 @@ INSTANTIATE_TEST_SUITE_P(
              "at least 1"},
         Case{"unknown_device", kModel + "[training]\ndevice = \"tpu\"\n", "job.toml:4", "training.device",
              "must be one of auto, cpu, cuda"},
+        Case{"unknown_cpu_gemm", kModel + "[training]\ncpu_gemm = \"mkl\"\n", "job.toml:4", "training.cpu_gemm",
+             "must be one of onednn, blas"},
         Case{"cuda_without_gpu", kModel + "[training]\ndevice = \"cuda\"\n", "job.toml:4", "training.device",
              "no CUDA device"},
         Case{"graph_capture_on_cpu", kModel + "[optimizer]\ngraph_capture = \"on\"\n", "job.toml:4",

@@ -1,0 +1,85 @@
+// keel/linear.hpp — linear layers whose fp32 CPU products run on oneDNN.
+//
+// LibTorch sends an fp32 `at::linear` on CPU to MKL's sgemm, which on AMD's AVX-512 cores runs
+// its AVX2 kernels: about half of what the cores can do. oneDNN, which LibTorch also carries,
+// picks its kernels by the instruction sets the CPU reports, whatever its vendor, and runs the
+// same fp32 products (fp32 inputs, fp32 accumulation, no reduced-precision math) at up to twice
+// the rate there. keel::linear reaches oneDNN through LibTorch's own `mkldnn::_linear_pointwise`
+// operator, for the forward product and both backward ones; everything else (CUDA, other
+// dtypes, CPU autocast, a LibTorch without oneDNN, or oneDNN switched off with
+// `at::globalContext().setUserEnabledMkldnn(false)`, as `training.cpu_gemm = "blas"` does) takes
+// `at::linear`. The two differ only in the order of the fp32 sums.
+//
+// Included on its own, as it pulls in LibTorch's autograd headers.
+#pragma once
+
+#include <ATen/Context.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <optional>
+#include <string>
+
+namespace keel {
+
+namespace detail {
+
+/// LibTorch's oneDNN linear operator, or nullopt when this LibTorch was built without it.
+inline const std::optional<c10::OperatorHandle>& onednn_linear_operator() {
+  static const std::optional<c10::OperatorHandle> op =
+      at::hasMKLDNN() ? c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""}) : std::nullopt;
+  return op;
+}
+
+/// x [..., k] times w [n, k] transposed on oneDNN: [..., n]. `w` may be any strided view.
+inline at::Tensor onednn_product(const at::Tensor& x, const at::Tensor& w) {
+  if (x.numel() == 0 || w.numel() == 0) return at::matmul(x, w.t());  // empty rows or sums: nothing to run
+  torch::jit::Stack stack{x,
+                          w,
+                          c10::IValue(),
+                          c10::IValue(std::string("none")),
+                          c10::IValue(c10::List<std::optional<at::Scalar>>()),
+                          c10::IValue()};
+  onednn_linear_operator()->callBoxed(&stack);
+  return stack[0].toTensor();
+}
+
+struct OneDnnLinearFunction : public torch::autograd::Function<OneDnnLinearFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w) {
+    ctx->save_for_backward({x, w});
+    return onednn_product(x, w);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &w = saved[1];
+    const at::Tensor grad = grads[0].reshape({-1, w.size(0)});
+    at::Tensor grad_x, grad_w;
+    // Each product only where it is asked for: a split backward pass runs the input's and the
+    // weight's apart.
+    if (ctx->needs_input_grad(0)) grad_x = onednn_product(grad, w.t()).view(x.sizes());
+    if (ctx->needs_input_grad(1)) grad_w = onednn_product(grad.t(), x.reshape({-1, x.size(-1)}).t());
+    return {grad_x, grad_w};
+  }
+};
+
+}  // namespace detail
+
+/// Whether keel::linear(x, w) runs on oneDNN: fp32 CPU tensors outside CPU autocast (whose bf16
+/// products at::linear keeps), oneDNN present and enabled.
+inline bool linear_uses_onednn(const at::Tensor& x, const at::Tensor& w) {
+  return x.device().is_cpu() && w.device().is_cpu() && x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat &&
+         x.dim() >= 2 && w.dim() == 2 && !at::autocast::is_autocast_enabled(at::kCPU) &&
+         at::globalContext().userEnabledMkldnn() && detail::onednn_linear_operator().has_value();
+}
+
+/// x [..., k] times w [n, k] transposed, as at::linear(x, w) without a bias, differentiable in
+/// both; on oneDNN where linear_uses_onednn says so.
+inline at::Tensor linear(const at::Tensor& x, const at::Tensor& w) {
+  if (!linear_uses_onednn(x, w)) return at::linear(x, w);
+  return detail::OneDnnLinearFunction::apply(x, w);
+}
+
+}  // namespace keel
