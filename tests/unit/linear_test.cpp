@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include <keel/linear.hpp>
 
@@ -75,13 +76,16 @@ TEST_F(Linear, AStridedWeightViewAndANonContiguousInputGiveTheirProduct) {
 }
 
 TEST_F(Linear, BothGradientsAreWithinTheFp32BoundOfTheExactProducts) {
-  const at::Tensor x = at::randn({4, 33, 72}).requires_grad_(true), w = at::randn({56, 72}).requires_grad_(true);
-  const at::Tensor g = at::randn({4, 33, 56});
-  keel::linear(x, w).backward(g);
-  const at::Tensor g2 = g.view({132, 56}), x2 = x.detach().view({132, 72});
-  // dL/dx = g w (sums of 56), dL/dw = g^T x (sums over the 132 rows).
-  EXPECT_LE(deviation_from_exact(x.grad().view({132, 72}), g2, w.detach()), 1.0);
-  EXPECT_LE(deviation_from_exact(w.grad(), g2.t(), x2), 1.0);
+  // Fewer outputs than inputs, and more: the weight's gradient is computed either way round.
+  for (const auto& [out, in] : {std::pair<int64_t, int64_t>{56, 72}, {72, 40}}) {
+    const at::Tensor x = at::randn({4, 33, in}).requires_grad_(true), w = at::randn({out, in}).requires_grad_(true);
+    const at::Tensor g = at::randn({4, 33, out});
+    keel::linear(x, w).backward(g);
+    const at::Tensor g2 = g.view({132, out}), x2 = x.detach().view({132, in});
+    // dL/dx = g w (sums of `out`), dL/dw = g^T x (sums over the 132 rows).
+    EXPECT_LE(deviation_from_exact(x.grad().view({132, in}), g2, w.detach()), 1.0) << out << " x " << in;
+    EXPECT_LE(deviation_from_exact(w.grad(), g2.t(), x2), 1.0) << out << " x " << in;
+  }
 }
 
 TEST_F(Linear, ASplitBackwardGivesBitwiseTheJointOne) {
