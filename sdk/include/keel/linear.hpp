@@ -25,10 +25,19 @@ namespace keel {
 
 namespace detail {
 
-/// LibTorch's oneDNN linear operator, or nullopt when this LibTorch was built without it.
+/// The signature onednn_product calls the operator with (LibTorch 2.0 on).
+inline constexpr const char* kOneDnnLinearSchema =
+    "mkldnn::_linear_pointwise(Tensor X, Tensor W, Tensor? B, str attr, Scalar?[] scalars, str? algorithm) -> Tensor Y";
+
+/// LibTorch's oneDNN linear operator, or nullopt when this LibTorch has none with the signature
+/// onednn_product calls (a boxed call does not check its arguments against the schema).
 inline const std::optional<c10::OperatorHandle>& onednn_linear_operator() {
-  static const std::optional<c10::OperatorHandle> op =
-      at::hasMKLDNN() ? c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""}) : std::nullopt;
+  static const std::optional<c10::OperatorHandle> op = []() -> std::optional<c10::OperatorHandle> {
+    if (!at::hasMKLDNN()) return std::nullopt;
+    auto found = c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""});
+    if (!found || c10::toString(found->schema()) != kOneDnnLinearSchema) return std::nullopt;
+    return found;
+  }();
   return op;
 }
 
