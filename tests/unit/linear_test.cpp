@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <limits>
+#include <tuple>
 #include <utility>
 
 #include <keel/linear.hpp>
@@ -116,13 +117,29 @@ TEST_F(Linear, RepeatedCallsAreBitwiseEqual) {
   EXPECT_TRUE(at::equal(keel::linear(x, w), keel::linear(x, w)));
 }
 
-TEST_F(Linear, NoRowsGiveAnEmptyProductAndGradients) {
-  const at::Tensor x = at::randn({0, 16}).requires_grad_(true), w = at::randn({8, 16}).requires_grad_(true);
-  const at::Tensor y = keel::linear(x, w);
-  EXPECT_EQ(y.sizes(), (std::vector<int64_t>{0, 8}));
-  y.sum().backward();
-  EXPECT_EQ(x.grad().sizes(), x.sizes());
-  EXPECT_TRUE(at::equal(w.grad(), at::zeros({8, 16})));
+TEST_F(Linear, EmptyOperandsTakeAtLinearAndGetGradients) {
+  // No rows, no outputs, no sums: at::linear's results, gradients included.
+  for (const auto& [rows, out, in] : {std::tuple<int64_t, int64_t, int64_t>{0, 8, 16}, {4, 0, 16}, {4, 8, 0}}) {
+    const at::Tensor x = at::randn({rows, in}).requires_grad_(true), w = at::randn({out, in}).requires_grad_(true);
+    EXPECT_FALSE(linear_uses_onednn(x, w));
+    const at::Tensor y = keel::linear(x, w);
+    EXPECT_EQ(y.sizes(), (std::vector<int64_t>{rows, out}));
+    y.sum().backward();
+    EXPECT_EQ(x.grad().sizes(), x.sizes());
+    EXPECT_TRUE(at::equal(w.grad(), at::zeros({out, in})));
+  }
+}
+
+TEST_F(Linear, ASecondDerivativeIsTheExactOne) {
+  // y = x w^T; with g = dL/dy, dL/dx = g w, and d/dw of sum(c * dL/dx) is g^T c: a product of
+  // the rows, within its fp32 bound.
+  const at::Tensor x = at::randn({6, 10, 24}).requires_grad_(true), w = at::randn({40, 24}).requires_grad_(true);
+  const at::Tensor g = at::randn({6, 10, 40}), c = at::randn({6, 10, 24});
+  const at::Tensor grad_x = torch::autograd::grad({keel::linear(x, w)}, {x}, {g}, /*retain_graph=*/true,
+                                                  /*create_graph=*/true)[0];
+  EXPECT_LE(deviation_from_exact(grad_x.view({60, 24}), g.view({60, 40}), w.detach()), 1.0);
+  (grad_x * c).sum().backward();
+  EXPECT_LE(deviation_from_exact(w.grad(), g.view({60, 40}).t(), c.view({60, 24})), 1.0);
 }
 
 TEST_F(Linear, NonFiniteInputsPropagateAsAtLinearsDo) {

@@ -5,8 +5,9 @@
 // picks its kernels by the instruction sets the CPU reports, whatever its vendor, and runs the
 // same fp32 products (fp32 inputs, fp32 accumulation, no reduced-precision math) at up to twice
 // the rate there. keel::linear reaches oneDNN through LibTorch's own `mkldnn::_linear_pointwise`
-// operator, for the forward product and both backward ones; everything else (CUDA, other
-// dtypes, CPU autocast, a LibTorch without oneDNN, or oneDNN switched off with
+// operator, for the forward product and both backward ones (at::matmul's under create_graph, so
+// that a second derivative exists); everything else (CUDA, other dtypes, CPU autocast, empty
+// operands, a LibTorch without oneDNN, or oneDNN switched off with
 // `at::globalContext().setUserEnabledMkldnn(false)`, as `training.cpu_gemm = "blas"` does) takes
 // `at::linear`. The two differ only in the order of the fp32 sums.
 //
@@ -16,6 +17,7 @@
 #include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <optional>
@@ -41,9 +43,9 @@ inline const std::optional<c10::OperatorHandle>& onednn_linear_operator() {
   return op;
 }
 
-/// x [..., k] times w [n, k] transposed on oneDNN: [..., n]. `w` may be any strided view.
+/// x [..., k] times w [n, k] transposed on oneDNN: [..., n]. `w` may be any strided view; `x`
+/// is copied contiguous first when it is not.
 inline at::Tensor onednn_product(const at::Tensor& x, const at::Tensor& w) {
-  if (x.numel() == 0 || w.numel() == 0) return at::matmul(x, w.t());  // empty rows or sums: nothing to run
   torch::jit::Stack stack{x,
                           w,
                           c10::IValue(),
@@ -64,24 +66,37 @@ struct OneDnnLinearFunction : public torch::autograd::Function<OneDnnLinearFunct
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &w = saved[1];
-    const at::Tensor grad = grads[0].reshape({-1, w.size(0)});
+    const int64_t n = w.size(0), k = w.size(1);
+    const at::Tensor grad = grads[0].reshape({-1, n}), rows = x.reshape({-1, k});
+    const bool create_graph = at::GradMode::is_enabled();
     at::Tensor grad_x, grad_w;
     // Each product only where it is asked for: a split backward pass runs the input's and the
-    // weight's apart.
-    if (ctx->needs_input_grad(0)) grad_x = onednn_product(grad, w.t()).view(x.sizes());
-    if (ctx->needs_input_grad(1)) grad_w = onednn_product(grad.t(), x.reshape({-1, x.size(-1)}).t());
+    // weight's apart. Under create_graph the products must be differentiable again: at::matmul.
+    if (ctx->needs_input_grad(0))
+      grad_x = (create_graph ? at::matmul(grad, w) : onednn_product(grad, w.t())).view(x.sizes());
+    if (ctx->needs_input_grad(1)) {
+      if (create_graph)
+        grad_w = at::matmul(grad.t(), rows);
+      else if (n <= k)
+        grad_w = onednn_product(grad.t(), rows.t());  // copies grad^T, [n, rows]
+      else
+        // A widening layer (the output head: n = vocabulary) would copy the larger grad^T:
+        // copy x^T [k, rows] instead and hand back dW^T's transpose, bitwise the same product.
+        grad_w = onednn_product(rows.t(), grad.t()).t();
+    }
     return {grad_x, grad_w};
   }
 };
 
 }  // namespace detail
 
-/// Whether keel::linear(x, w) runs on oneDNN: fp32 CPU tensors outside CPU autocast (whose bf16
-/// products at::linear keeps), oneDNN present and enabled.
+/// Whether keel::linear(x, w) runs on oneDNN: non-empty fp32 CPU tensors outside CPU autocast
+/// (whose bf16 products at::linear keeps), oneDNN present and enabled.
 inline bool linear_uses_onednn(const at::Tensor& x, const at::Tensor& w) {
   return x.device().is_cpu() && w.device().is_cpu() && x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat &&
-         x.dim() >= 2 && w.dim() == 2 && !at::autocast::is_autocast_enabled(at::kCPU) &&
-         at::globalContext().userEnabledMkldnn() && detail::onednn_linear_operator().has_value();
+         x.dim() >= 2 && w.dim() == 2 && x.numel() > 0 && w.numel() > 0 &&
+         !at::autocast::is_autocast_enabled(at::kCPU) && at::globalContext().userEnabledMkldnn() &&
+         detail::onednn_linear_operator().has_value();
 }
 
 /// x [..., k] times w [n, k] transposed, as at::linear(x, w) without a bias, differentiable in
