@@ -175,6 +175,11 @@ JobConfig read_job_config(ConfigTree& tree, int world_size, bool cuda_available)
   c.training.threads = tr.integer_as<int>("threads", 0, 0, kMaxThreads);
   c.training.flush_denormal = tr.boolean("flush_denormal", true);
   c.training.cpu_gemm = tr.choice("cpu_gemm", "onednn", {"onednn", "blas"});
+  // LibTorch has one switch for all of oneDNN, and CPU autocast's bf16 products run on it.
+  if (c.training.cpu_gemm == "blas" && c.training.dtype == "bf16" && c.training.device == "cpu")
+    tr.invalid("cpu_gemm",
+               "\"blas\" switches LibTorch's oneDNN off, and with it the bf16 CPU products of "
+               "training.dtype = \"bf16\" (ten times slower without it); use \"onednn\"");
   c.training.device_memory_gb = in_range(tr, "device_memory_gb", 0, 0, 65536, false);
   int64_t ranks_per_step = int64_t{c.parallelism.dp} * c.parallelism.microbatches;
   if (c.training.global_batch % ranks_per_step != 0)

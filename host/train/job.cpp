@@ -81,7 +81,8 @@ Job::Job(const RunOptions& options, bool meta, int offline_rank) : tree_(load_tr
   device_ = meta ? at::Device(at::kMeta) : resolve_device(config_.training.device, local_rank);
   if (config_.training.threads > 0) at::set_num_threads(config_.training.threads);
   at::globalContext().setFlushDenormal(config_.training.flush_denormal);
-  // LibTorch's own switch, which keel::linear (keel/linear.hpp) reads.
+  // LibTorch's own switch, which keel::linear (keel/linear.hpp) reads; restore_onednn_switch_
+  // puts it back.
   at::globalContext().setUserEnabledMkldnn(config_.training.cpu_gemm == "onednn");
 
   registry_ = std::make_unique<PluginRegistry>(plugin_search_path(options.plugin_dirs));

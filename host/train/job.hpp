@@ -56,6 +56,14 @@ class Job {
  private:
   Job(const RunOptions& options, bool meta, int offline_rank);
 
+  /// LibTorch's oneDNN switch as it was before the job set it (training.cpu_gemm), put back
+  /// when the job is destroyed or fails to build.
+  struct RestoreOneDnnSwitch {
+    bool before = at::globalContext().userEnabledMkldnn();
+    ~RestoreOneDnnSwitch() { at::globalContext().setUserEnabledMkldnn(before); }
+  };
+
+  RestoreOneDnnSwitch restore_onednn_switch_;
   ConfigTree tree_;
   JobConfig config_;
   std::unique_ptr<Mesh> mesh_;

@@ -106,6 +106,8 @@ INSTANTIATE_TEST_SUITE_P(
              "must be one of auto, cpu, cuda"},
         Case{"unknown_cpu_gemm", kModel + "[training]\ncpu_gemm = \"mkl\"\n", "job.toml:4", "training.cpu_gemm",
              "must be one of onednn, blas"},
+        Case{"blas_gemm_with_bf16_on_cpu", kModel + "[training]\ndtype = \"bf16\"\ncpu_gemm = \"blas\"\n", "job.toml:5",
+             "training.cpu_gemm", "switches LibTorch's oneDNN off"},
         Case{"cuda_without_gpu", kModel + "[training]\ndevice = \"cuda\"\n", "job.toml:4", "training.device",
              "no CUDA device"},
         Case{"graph_capture_on_cpu", kModel + "[optimizer]\ngraph_capture = \"on\"\n", "job.toml:4",
@@ -271,6 +273,25 @@ TEST(ConfigFile, AFolderOrAMissingFileIsRefusedNamingIt) {
     EXPECT_NE(std::string(e.what()).find("it is a folder"), std::string::npos) << e.what();
   }
   EXPECT_THROW(ConfigTree::from_file(dir / "none.toml"), InputError);
+}
+
+TEST(ConfigCpuGemm, BlasSwitchesOneDnnOffForTheJobAndBackWhenItEnds) {
+  test::TempDir dir;
+  for (const char* gemm : {"blas", "onednn"}) {
+    test::write_file(dir / "job.toml", kModel + "[training]\ncpu_gemm = \"" + gemm + "\"\n");
+    RunOptions options;
+    options.config_path = dir / "job.toml";
+    options.plugin_dirs = {test::plugin_dir()};
+    for (const bool before : {true, false}) {
+      at::globalContext().setUserEnabledMkldnn(before);
+      {
+        Job job(options, /*meta=*/true);
+        EXPECT_EQ(at::globalContext().userEnabledMkldnn(), std::string(gemm) == "onednn") << gemm;
+      }
+      EXPECT_EQ(at::globalContext().userEnabledMkldnn(), before) << gemm;
+    }
+  }
+  at::globalContext().setUserEnabledMkldnn(true);
 }
 
 TEST(ConfigOverride, MalformedAssignmentIsRefused) {
