@@ -1,8 +1,12 @@
 #include "activations.hpp"
 
+#include <keel/linear.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
+
+#include "modules.hpp"
 
 namespace deepseek_v3 {
 
@@ -16,14 +20,16 @@ constexpr double kFloat = 4, kIndex = 8, kMask = 1;
 // more than double's precision; the result saturates.
 class Counter {
  public:
-  Counter(const Args& a, int64_t batch, int64_t seq, double element, keel::Recompute mode, int64_t ep)
+  Counter(const Args& a, int64_t batch, int64_t seq, double element, keel::Recompute mode, int64_t ep,
+          bool experts_apart)
       : a_(a),
         batch_(static_cast<double>(batch)),
         seq_(static_cast<double>(seq)),
         tokens_(batch_ * seq_),
         element_(element),
         mode_(mode),
-        ep_(static_cast<double>(ep)) {}
+        ep_(static_cast<double>(ep)),
+        experts_apart_(experts_apart) {}
 
   double tokens() const { return tokens_; }
   double hidden() const { return tokens_ * static_cast<double>(a_.dim) * element_; }
@@ -87,10 +93,14 @@ class Counter {
     const double local = e / ep_, rows = t * k;  // rows arriving: each rank's tokens, spread evenly
     const double mean = rows / local;
     const double busiest = std::min(rows, mean + std::sqrt(2 * mean * std::log(std::max(local, 1.0))));
-    const double slots = local * std::ceil(busiest);
+    double per_expert = std::ceil(busiest);
+    if (experts_apart_) per_expert = std::ceil(per_expert / kOneDnnExpertSlots) * kOneDnnExpertSlots;
+    const double slots = local * per_expert;
     double bytes = t * e * kFloat /* scores */ + rows * kIndex /* choices */ + (rows + t) * kFloat /* weights */;
     bytes += 3 * rows * kIndex /* order, token of each row, slot of each row */;
     bytes += slots * static_cast<double>(a_.dim) * element_ + swiglu(static_cast<double>(a_.moe_hidden), slots);
+    // Experts run apart wrap their SwiGLUs in one recomputation each.
+    if (experts_apart_ && mode_ == keel::Recompute::selective) bytes += (local - 1) * kRecomputeCallBytes;
     bytes += rows * static_cast<double>(a_.dim) * element_ + rows * element_;
     if (a_.n_shared_experts > 0) bytes += swiglu(static_cast<double>(a_.moe_hidden * a_.n_shared_experts));
     return bytes;
@@ -100,6 +110,7 @@ class Counter {
   double batch_, seq_, tokens_, element_;
   keel::Recompute mode_;
   double ep_;
+  bool experts_apart_;  // each routed expert's products apart, on oneDNN (Moe::run_experts)
 };
 
 }  // namespace
@@ -107,7 +118,11 @@ class Counter {
 int64_t activation_bytes(const Args& args, const keel_part_spec& spec, int64_t batch, int64_t seq, keel::Recompute mode,
                          int64_t ep) {
   const double element = spec.compute_dtype == KEEL_DTYPE_FP32 ? 4 : 2;
-  const Counter count(args, batch, seq, element, mode, std::max<int64_t>(ep, 1));
+  // What Moe::run_experts will do on the spec's device: fp32 CPU products on oneDNN run the
+  // experts apart, over slots rounded up to kOneDnnExpertSlots.
+  const bool experts_apart =
+      spec.device_type == KEEL_DEVICE_CPU && spec.compute_dtype == KEEL_DTYPE_FP32 && keel::onednn_linear_enabled();
+  const Counter count(args, batch, seq, element, mode, std::max<int64_t>(ep, 1), experts_apart);
   const bool first = spec.stage_index == 0, last = spec.stage_index == spec.num_stages - 1;
   double bytes = count.hidden();                // the part's output, kept for its backward
   if (first) bytes += count.tokens() * kIndex;  // the embedding's indices

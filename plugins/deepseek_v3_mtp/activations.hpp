@@ -15,7 +15,8 @@ namespace deepseek_v3 {
 /// `mode`, with the routed experts spread over `ep` ranks: each tensor autograd saves, counted
 /// once per storage, and the part's output. An estimate only where routing decides sizes: each
 /// expert's rows are padded to the busiest expert's, taken as the mean plus the spread of a
-/// maximum of Poisson loads.
+/// maximum of Poisson loads (rounded up to kOneDnnExpertSlots where the experts run apart on
+/// oneDNN: fp32 on CPU, with LibTorch's oneDNN switch as it is when called).
 int64_t activation_bytes(const Args& args, const keel_part_spec& spec, int64_t batch, int64_t seq, keel::Recompute mode,
                          int64_t ep);
 

@@ -180,15 +180,19 @@ at::Tensor Moe::routed(const at::Tensor& x, const at::Tensor& indices, const at:
 }
 
 // Every row through the SwiGLU of its local expert: rows packed into padded slots of
-// [local_experts, capacity, dim] and all experts run as three batched matmuls. One host read
-// per call (the capacity) replaces any per-expert loop; LibTorch 2.15's CPU _grouped_mm is not
-// used because it needs 16-byte-aligned strides and fails in backward on empty groups. An
-// empty input still runs the (empty) matmuls, so every rank builds the same autograd graph and
-// reaches the same collectives in backward.
+// [local_experts, capacity, dim]. Where keel::linear runs on oneDNN (fp32 on CPU) each expert
+// runs its three products over its own slots, the capacity rounded up to kOneDnnExpertSlots,
+// twice BLAS's rate; elsewhere all experts run as three batched matmuls. One host read per call
+// (the capacity) replaces any read per expert; LibTorch 2.15's CPU _grouped_mm is not used
+// because it needs 16-byte-aligned strides and fails in backward on empty groups. An empty
+// input still runs the (empty) matmuls, so every expert weight gets a gradient on every rank.
 at::Tensor Moe::run_experts(const at::Tensor& rows, const at::Tensor& expert) const {
   const int64_t local = placement_.local, r = rows.size(0), dim = rows.size(1);
+  const bool apart = r > 0 && keel::linear_uses_onednn(rows, w1_->select(0, 0));
   at::Tensor counts = at::bincount(expert, {}, local);
-  const int64_t capacity = r > 0 ? counts.max().item<int64_t>() : 0;
+  const int64_t busiest = r > 0 ? counts.max().item<int64_t>() : 0;
+  const int64_t capacity =
+      apart ? (busiest + kOneDnnExpertSlots - 1) / kOneDnnExpertSlots * kOneDnnExpertSlots : busiest;
   at::Tensor order = at::argsort(expert, /*stable=*/true);
   at::Tensor sorted = expert.index_select(0, order);
   at::Tensor starts = counts.cumsum(0) - counts;
@@ -196,9 +200,21 @@ at::Tensor Moe::run_experts(const at::Tensor& rows, const at::Tensor& expert) co
   at::Tensor slot = at::empty_like(slot_sorted).scatter_(0, order, slot_sorted);
   at::Tensor packed =
       at::zeros({local * capacity, dim}, rows.options()).index_add(0, slot, rows).view({local, capacity, dim});
-  at::Tensor hidden =
-      swiglu(at::bmm(packed, w1_->transpose(1, 2)), at::bmm(packed, w3_->transpose(1, 2)), args_.recompute);
-  at::Tensor result = at::bmm(hidden, w2_->transpose(1, 2)).view({local * capacity, dim});
+  at::Tensor result;
+  if (apart) {
+    const std::vector<at::Tensor> slots = packed.unbind(0), w1 = w1_->unbind(0), w2 = w2_->unbind(0),
+                                  w3 = w3_->unbind(0);
+    std::vector<at::Tensor> outputs;
+    outputs.reserve(static_cast<size_t>(local));
+    for (size_t e = 0; e < slots.size(); ++e)
+      outputs.push_back(
+          keel::linear(swiglu(keel::linear(slots[e], w1[e]), keel::linear(slots[e], w3[e]), args_.recompute), w2[e]));
+    result = at::cat(outputs);
+  } else {
+    at::Tensor hidden =
+        swiglu(at::bmm(packed, w1_->transpose(1, 2)), at::bmm(packed, w3_->transpose(1, 2)), args_.recompute);
+    result = at::bmm(hidden, w2_->transpose(1, 2)).view({local * capacity, dim});
+  }
   return result.index_select(0, slot);
 }
 

@@ -85,6 +85,11 @@ class Mlp {
   keel::Recompute recompute_;
 };
 
+/// On oneDNN each routed expert runs over its slots apart, their count rounded up to a multiple
+/// of this: oneDNN builds a kernel for each shape it meets, and the busiest expert's load, which
+/// sets the slots, changes every step.
+constexpr int64_t kOneDnnExpertSlots = 64;
+
 /// DeepSeekMoE: shared experts plus top-k routed experts chosen with a bias that only steers
 /// the choice (aux-loss-free balancing). Under expert parallelism each routed (token, expert)
 /// pair travels to the rank holding its expert and back by differentiable all-to-all.

@@ -90,13 +90,18 @@ struct OneDnnLinearFunction : public torch::autograd::Function<OneDnnLinearFunct
 
 }  // namespace detail
 
-/// Whether keel::linear(x, w) runs on oneDNN: non-empty fp32 CPU tensors outside CPU autocast
-/// (whose bf16 products at::linear keeps), oneDNN present and enabled.
+/// Whether keel::linear's fp32 CPU products run on oneDNN now, whatever the tensors: outside
+/// CPU autocast (whose bf16 products at::linear keeps), oneDNN present and enabled.
+inline bool onednn_linear_enabled() {
+  return !at::autocast::is_autocast_enabled(at::kCPU) && at::globalContext().userEnabledMkldnn() &&
+         detail::onednn_linear_operator().has_value();
+}
+
+/// Whether keel::linear(x, w) runs on oneDNN: non-empty fp32 CPU tensors, x at least a matrix
+/// and w a matrix, while onednn_linear_enabled().
 inline bool linear_uses_onednn(const at::Tensor& x, const at::Tensor& w) {
   return x.device().is_cpu() && w.device().is_cpu() && x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat &&
-         x.dim() >= 2 && w.dim() == 2 && x.numel() > 0 && w.numel() > 0 &&
-         !at::autocast::is_autocast_enabled(at::kCPU) && at::globalContext().userEnabledMkldnn() &&
-         detail::onednn_linear_operator().has_value();
+         x.dim() >= 2 && w.dim() == 2 && x.numel() > 0 && w.numel() > 0 && onednn_linear_enabled();
 }
 
 /// x [..., k] times w [n, k] transposed, as at::linear(x, w) without a bias, differentiable in
