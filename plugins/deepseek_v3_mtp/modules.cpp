@@ -181,8 +181,9 @@ at::Tensor Moe::routed(const at::Tensor& x, const at::Tensor& indices, const at:
 
 // Every row through the SwiGLU of its local expert: rows packed into padded slots of
 // [local_experts, capacity, dim]. Where keel::linear runs on oneDNN (fp32 on CPU) each expert
-// runs its three products over its own slots, the capacity rounded up to kOneDnnExpertSlots,
-// twice BLAS's rate; elsewhere all experts run as three batched matmuls. One host read per call
+// runs its three products over its own slots, the capacity rounded up to kOneDnnExpertSlots
+// (faster than the batched BLAS products: BENCHMARKS.md); elsewhere all experts run as three
+// batched matmuls. One host read per call
 // (the capacity) replaces any read per expert; LibTorch 2.15's CPU _grouped_mm is not used
 // because it needs 16-byte-aligned strides and fails in backward on empty groups. An empty
 // input still runs the (empty) matmuls, so every expert weight gets a gradient on every rank.
