@@ -232,6 +232,18 @@ JobConfig read_job_config(ConfigTree& tree, int world_size, bool cuda_available)
   if (data.has("documents")) c.data.documents = data.choice("documents", "eos", {"eos", "none"});
   if (c.data.documents == "eos" && c.data.source == "synthetic")
     data.invalid("documents", "\"eos\" needs a source with an EOS id; the synthetic source has no documents");
+  c.data.attention = data.choice("attention", "causal", {"causal", "block_causal"});
+  if (c.data.attention == "block_causal" && c.data.source == "synthetic")
+    data.invalid("attention",
+                 "\"block_causal\" needs documents, and the synthetic source has none (use a token file "
+                 "with an EOS id, or \"causal\")");
+  if (c.data.attention == "block_causal" && c.data.documents == "none")
+    data.invalid("attention", "\"block_causal\" needs documents, and data.documents = \"none\" turns them off");
+  c.data.reset_positions = data.boolean("reset_positions", false);
+  if (c.data.reset_positions && c.data.attention != "block_causal")
+    data.invalid("reset_positions",
+                 "true needs data.attention = \"block_causal\" (allowed: \"causal\", "
+                 "\"block_causal\"; positions restart only where documents are masked apart)");
 
   ConfigSection ck = tree.section("checkpoint");
   c.checkpoint.save_final = ck.boolean("save_final", true);

@@ -74,6 +74,9 @@ struct DataSection {
   uint64_t seed = 0;
   /// "eos" | "none" as set; "" when unset: "eos" if the source records an EOS id, else "none".
   std::string documents;
+  /// "causal" | "block_causal" (a position attends only to its own document's earlier ones).
+  std::string attention = "causal";
+  bool reset_positions = false;  ///< RoPE positions restart at each document (block_causal only)
 };
 
 struct CheckpointSection {

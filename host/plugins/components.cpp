@@ -81,6 +81,22 @@ at::Tensor ModelPart::forward(const at::Tensor& tokens, const at::Tensor& labels
   in.activation = activation != nullptr ? handle(*activation) : nullptr;
   in.microbatch = microbatch;
   in.num_microbatches = num_microbatches;
+  at::Tensor documents, positions;
+  if ((model_.attention() & KEEL_ATTENTION_BLOCK_CAUSAL) != 0) {
+    if (!model_.document_end())
+      throw std::logic_error(cat(model_.label(), ": document masking without the EOS id that ends documents"));
+    // An EOS belongs to the document it ends: the next position starts another.
+    const at::Tensor ends = tokens.eq(*model_.document_end()).to(at::kLong);
+    documents = ends.cumsum(1) - ends;
+    in.documents = handle(documents);
+    if ((model_.attention() & KEEL_ATTENTION_RESET_POSITIONS) != 0) {
+      // Each position minus the index of its document's first position.
+      const at::Tensor index = at::arange(tokens.size(1), tokens.options()).expand_as(tokens);
+      const at::Tensor starts = at::cat({at::ones_like(ends.narrow(1, 0, 1)), ends.narrow(1, 0, ends.size(1) - 1)}, 1);
+      positions = index - std::get<0>(at::cummax(index * starts, 1));
+      in.positions = handle(positions);
+    }
+  }
   at::Tensor out_activation, out_loss;
   keel_forward_outputs out{};
   out.struct_size = sizeof(out);
@@ -190,6 +206,20 @@ void Model::set_recompute(const std::string& mode, const std::string& key) {
     throw InputError(cat(key, " = \"", mode, "\": ", context_.label(), " recomputes only ", join(offered, ", ")));
   }
   context_.check(e.set_recompute(raw_, wanted), "set_recompute");
+}
+
+void Model::set_attention(uint32_t flags, const std::string& key) {
+  const keel_model_attention_extension& e = extensions_.model_attention;
+  if (e.set_attention == nullptr)
+    throw InputError(cat(key, " = \"block_causal\": ", context_.label(),
+                         " cannot mask attention by document (its plugin offers no KEEL_EXTENSION_MODEL_ATTENTION, "
+                         "SDK 1.9); use \"causal\""));
+  if ((e.supported & flags) != flags)
+    throw InputError(cat(key, " = \"block_causal\" with data.reset_positions = true: ", context_.label(),
+                         " masks attention by document but cannot restart positions per document; set "
+                         "data.reset_positions = false"));
+  context_.check(e.set_attention(raw_, flags), "set_attention");
+  attention_ = flags;
 }
 
 std::optional<int64_t> Model::activation_bytes(const keel_part_spec& spec, int64_t batch, int64_t seq,

@@ -121,6 +121,15 @@ class Model {
   /// Asks the model to recompute `mode` ("full" or "selective") in the parts it builds next;
   /// an InputError naming `key` and the plugin when it does not implement that mode.
   void set_recompute(const std::string& mode, const std::string& key);
+  /// Asks the model for document masking (KEEL_ATTENTION_* `flags`) in the parts it builds
+  /// next; an InputError naming `key` and the plugin when it cannot honour them.
+  void set_attention(uint32_t flags, const std::string& key);
+  /// The KEEL_ATTENTION_* flags set (0: causal attention over the whole sample).
+  uint32_t attention() const { return attention_; }
+  /// The EOS id that ends documents, read by every forward under document masking.
+  void set_document_end(int64_t eos) { document_end_ = eos; }
+  /// The EOS id set_document_end() recorded.
+  std::optional<int64_t> document_end() const { return document_end_; }
   /// The model's estimate of what one forward of the part `spec` keeps for backward, for a
   /// [batch, seq] microbatch under recompute `mode`; nullopt when its plugin offers none.
   std::optional<int64_t> activation_bytes(const keel_part_spec& spec, int64_t batch, int64_t seq,
@@ -137,6 +146,8 @@ class Model {
  private:
   keel_model_vtable vtable_{};
   ComponentExtensions extensions_;
+  uint32_t attention_ = 0;
+  std::optional<int64_t> document_end_;
   ComponentConfig config_;
   HostContext context_;
   keel_model* raw_ = nullptr;

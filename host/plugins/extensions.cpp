@@ -211,6 +211,13 @@ ComponentExtensions read_extensions(const std::string& path, const keel_componen
         throw InputError(cat(where(index), ": the model memory extension has no activation_bytes function"));
       continue;
     }
+    if (e->type == KEEL_EXTENSION_MODEL_ATTENTION) {
+      out.model_attention = read_model_extension<keel_model_attention_extension>(
+          component, e, where(index), "attention", KEEL_MODEL_ATTENTION_EXTENSION_SIZE_1_9, "1.9");
+      if (out.model_attention.set_attention == nullptr)
+        throw InputError(cat(where(index), ": the model attention extension has no set_attention function"));
+      continue;
+    }
     if (e->type == KEEL_EXTENSION_CLIPPER_SHARDS) {
       out.clipper_shards = read_kind_extension<keel_clipper_shards_extension>(
           KEEL_COMPONENT_CLIPPER, component, e, where(index), "shards", KEEL_CLIPPER_SHARDS_EXTENSION_SIZE_1_7, "1.7");

@@ -38,6 +38,8 @@ struct ComponentExtensions {
   keel_model_recompute_extension model_recompute{};
   /// KEEL_EXTENSION_MODEL_MEMORY (zero-extended), or empty (activation_bytes NULL) when absent.
   keel_model_memory_extension model_memory{};
+  /// KEEL_EXTENSION_MODEL_ATTENTION (zero-extended), or empty (set_attention NULL) when absent.
+  keel_model_attention_extension model_attention{};
   /// KEEL_EXTENSION_CLIPPER_SHARDS (zero-extended), or empty (bind_gradient_shards NULL) when
   /// absent.
   keel_clipper_shards_extension clipper_shards{};

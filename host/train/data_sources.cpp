@@ -70,6 +70,11 @@ std::optional<int64_t> document_end(Job& job, const TokenSource& source) {
         .invalid("documents", cat("\"eos\" needs an EOS id, and the token file ", data.path,
                                   " has none (rebuild it with keel-data build --tokenizer, or set data.documents = "
                                   "\"none\")"));
+  if (data.attention == "block_causal" && !eos)
+    ConfigSection(job.tree(), "data")
+        .invalid("attention",
+                 cat("\"block_causal\" needs documents, and the token file ", data.path,
+                     " records no EOS id (rebuild it with keel-data build --tokenizer, or use \"causal\")"));
   return eos;
 }
 

@@ -18,7 +18,8 @@ std::unique_ptr<TokenSource> open_training_source(Job& job);
 /// synthetic samples training never draws. Refuses a vocabulary larger than the model's and an
 /// EOS id that differs from the training source's, naming the keys.
 std::unique_ptr<TokenSource> open_validation_source(Job& job, const TokenSource& training);
-/// The EOS id after which labels are ignored, from data.documents and what `source` records.
+/// The EOS id after which labels are ignored, from data.documents and what `source` records;
+/// refuses data.attention = "block_causal" when there is none.
 std::optional<int64_t> document_end(Job& job, const TokenSource& source);
 
 }  // namespace keel

@@ -146,6 +146,10 @@ Job::Job(const RunOptions& options, bool meta, int offline_rank) : tree_(load_tr
   }
   // Before the rendezvous: a model that cannot recompute fails every rank at once.
   if (config_.training.recompute != "none") model_->set_recompute(config_.training.recompute, "training.recompute");
+  if (config_.data.attention == "block_causal")
+    model_->set_attention(
+        KEEL_ATTENTION_BLOCK_CAUSAL | (config_.data.reset_positions ? uint32_t{KEEL_ATTENTION_RESET_POSITIONS} : 0u),
+        "data.attention");
   if (distributed) {
     Rendezvous rendezvous = Rendezvous::from_environment(rank, world, std::chrono::seconds(par.timeout_s));
     rendezvous.nccl = device_.is_cuda();

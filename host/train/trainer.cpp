@@ -173,6 +173,12 @@ void Trainer::open_data() {
                  : cat("documents: not separated (",
                        c.data.documents == "none" ? "data.documents = \"none\"" : "the source records no EOS id",
                        "); labels run across document ends"));
+  if (c.data.attention == "block_causal") {
+    job_.model().set_document_end(*eos);  // document_end refused a source without one
+    if (mesh.rank == 0)
+      log_info(cat("attention: block_causal (a position attends only to its own document), positions ",
+                   c.data.reset_positions ? "restart at each document" : "run across the sample"));
+  }
   stream_ =
       std::make_unique<BatchStream>(*source_, c.training.seq_len, c.training.global_batch, mesh.dp, mesh.dp_index, eos);
   std::vector<Group*> links;

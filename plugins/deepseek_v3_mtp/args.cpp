@@ -24,6 +24,7 @@ const std::vector<keel::Field<Args>>& fields() {
       {"qk_nope_head_dim", &Args::qk_nope_head_dim, 0},
       {"qk_rope_head_dim", &Args::qk_rope_head_dim, 2},
       {"v_head_dim", &Args::v_head_dim, 1},
+      {"attention_kernel", &Args::attention_kernel},
       {"dense_hidden", &Args::dense_hidden, 1},
       {"moe_hidden", &Args::moe_hidden, 1},
       {"n_routed_experts", &Args::n_routed_experts, 1},
@@ -105,6 +106,9 @@ Args read_args(keel::Config& c) {
   if (a.top_k > a.n_limited_groups * (a.n_routed_experts / a.n_expert_groups))
     c.invalid("top_k", "exceeds the experts of the n_limited_groups groups a token may use (" +
                            str(a.n_limited_groups * (a.n_routed_experts / a.n_expert_groups)) + ")");
+  if (a.attention_kernel != "auto" && a.attention_kernel != "fused" && a.attention_kernel != "materialised")
+    c.invalid("attention_kernel",
+              "must be \"auto\", \"fused\" or \"materialised\", got \"" + a.attention_kernel + "\"");
   if (!(a.route_scale > 0)) c.invalid("route_scale", "must be positive");
   if (!(a.load_balance_coeff >= 0)) c.invalid("load_balance_coeff", "must be non-negative");
   if (!(a.rope_theta > 0)) c.invalid("rope_theta", "must be positive");

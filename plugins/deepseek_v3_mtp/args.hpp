@@ -16,6 +16,9 @@ struct Args {
   /// What backward recomputes (the host's training.recompute, set before any part is built;
   /// not a key of the model's table).
   keel::Recompute recompute = keel::Recompute::none;
+  /// KEEL_ATTENTION_* flags of the host's data.attention and data.reset_positions (set before
+  /// any part is built; not keys of the model's table). Forwards then carry the documents.
+  uint32_t attention_flags = 0;
   int64_t vocab_size = 0;
   int64_t dim = 0;
   int64_t n_layers = 0;
@@ -27,6 +30,9 @@ struct Args {
   int64_t qk_nope_head_dim = 0;
   int64_t qk_rope_head_dim = 0;
   int64_t v_head_dim = 0;
+  /// "auto" (fused from keel::kCpuFusedAttentionFrom positions on CPU, always on CUDA),
+  /// "fused" or "materialised" (the [b, h, s, s] probabilities kept: short sequences, tests).
+  std::string attention_kernel = "auto";
   // feed-forward
   int64_t dense_hidden = 0;
   int64_t moe_hidden = 0;

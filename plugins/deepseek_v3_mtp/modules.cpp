@@ -1,10 +1,12 @@
 #include "modules.hpp"
 
 #include <c10/core/GradMode.h>
+#include <keel/attention.hpp>
 #include <keel/autograd.hpp>
 #include <keel/linear.hpp>
 #include <keel/recompute.hpp>
 
+#include <functional>
 #include <limits>
 
 namespace deepseek_v3 {
@@ -34,7 +36,7 @@ Attention::Attention(Declare& d, const std::string& p, const Args& a, const keel
   wo_ = &d.param(p + "wo.weight", {a.dim, a.n_heads * a.v_head_dim}, residual);
 }
 
-at::Tensor Attention::forward(const at::Tensor& x, const RopeTables& rope) const {
+at::Tensor Attention::forward(const at::Tensor& x, const SequenceTables& tables) const {
   const Args& a = args_;
   const int64_t b = x.size(0), s = x.size(1), h = a.n_heads;
   at::Tensor q = wq_ != nullptr ? keel::linear(x, *wq_)
@@ -42,29 +44,55 @@ at::Tensor Attention::forward(const at::Tensor& x, const RopeTables& rope) const
   q = q.view({b, s, h, a.qk_head_dim()});
   std::vector<at::Tensor> q_parts = q.split({a.qk_nope_head_dim, a.qk_rope_head_dim}, -1);
   std::vector<at::Tensor> kv_parts = keel::linear(x, *wkv_a_).split({a.kv_lora_rank, a.qk_rope_head_dim}, -1);
-  at::Tensor k_rope = apply_rope(kv_parts[1].view({b, s, 1, a.qk_rope_head_dim}), rope);
-  at::Tensor q_rope = apply_rope(q_parts[1], rope);
+  at::Tensor k_rope = apply_rope(kv_parts[1].view({b, s, 1, a.qk_rope_head_dim}), tables.rope);
+  at::Tensor q_rope = apply_rope(q_parts[1], tables.rope);
   at::Tensor kv = keel::linear(rms_norm(kv_parts[0], *kv_norm_, a.norm_eps), *wkv_b_)
                       .view({b, s, h, a.qk_nope_head_dim + a.v_head_dim});
   std::vector<at::Tensor> k_v = kv.split({a.qk_nope_head_dim, a.v_head_dim}, -1);
-  // The scores of the no-rope and rope parts apart, [b, h, s, s]: the rope key is one head
-  // that broadcasts over all, so no query or key is concatenated and no key expanded (whose
-  // copies and gradient splits cost more than the attention here), and query/key heads of 192
-  // against value heads of 128 would push LibTorch's SDPA onto its unfused path anyway.
   const double scale = softmax_scale(a);
-  auto core = [scale, s](const std::vector<at::Tensor>& t) {  // q_nope, k_nope, q_rope, k_rope, v
-    at::Tensor scores = at::matmul(t[0].transpose(1, 2), t[1].permute({0, 2, 3, 1})) +
-                        at::matmul(t[2].transpose(1, 2), t[3].permute({0, 2, 3, 1}));
-    const at::Tensor future = at::ones({s, s}, t[0].options().dtype(at::kBool)).triu(1);
-    at::Tensor probs =
-        at::softmax((scores * scale).masked_fill(future, -std::numeric_limits<double>::infinity()), -1, at::kFloat);
-    return at::matmul(probs.to(scores.scalar_type()), t[4].transpose(1, 2));
-  };
   const std::vector<at::Tensor> parts = {q_parts[0], k_v[0], q_rope, k_rope, k_v[1]};
-  // Selective recomputation keeps the projections and reruns the scores, softmax and value
-  // product, whose [b, h, s, s] tensors are most of a block's activations.
+  std::function<at::Tensor(const std::vector<at::Tensor>&)> core;  // q_nope, k_nope, q_rope, k_rope, v
+  if (tables.runs || fused_attention(a, x.device(), s)) {
+    // The fused kernel keeps O(s) per head: one query and key of both parts, the rope key
+    // copied to every head; under document masking, one call per run of documents.
+    const std::optional<keel::DocumentRuns> runs = tables.runs;
+    core = [scale, b, s, h, runs](const std::vector<at::Tensor>& t) {
+      at::Tensor query = at::cat({t[0], t[2]}, -1).transpose(1, 2);
+      at::Tensor key = at::cat({t[1], t[3].expand({b, s, h, t[3].size(-1)})}, -1).transpose(1, 2);
+      at::Tensor value = t[4].transpose(1, 2);
+      return runs ? keel::block_causal_attention(query, key, value, *runs, scale)
+                  : keel::causal_attention(query, key, value, scale);
+    };
+  } else {
+    // Short sequences: the scores of the no-rope and rope parts apart, [b, h, s, s]. The rope
+    // key is one head that broadcasts over all, so no query or key is concatenated and no key
+    // expanded, whose copies and gradient splits cost more than the attention here.
+    const at::Tensor future = tables.future;
+    core = [scale, future](const std::vector<at::Tensor>& t) {
+      at::Tensor scores = at::matmul(t[0].transpose(1, 2), t[1].permute({0, 2, 3, 1})) +
+                          at::matmul(t[2].transpose(1, 2), t[3].permute({0, 2, 3, 1}));
+      at::Tensor probs =
+          at::softmax((scores * scale).masked_fill(future, -std::numeric_limits<double>::infinity()), -1, at::kFloat);
+      return at::matmul(probs.to(scores.scalar_type()), t[4].transpose(1, 2));
+    };
+  }
+  // Selective recomputation keeps the projections and reruns the core in backward: on the
+  // materialised path its [b, h, s, s] tensors are most of a block's activations.
   at::Tensor out = a.recompute == keel::Recompute::selective ? keel::recompute(core, parts) : core(parts);
   return keel::linear(out.transpose(1, 2).reshape({b, s, h * a.v_head_dim}), *wo_);
+}
+
+bool fused_attention(const Args& args, const at::Device& device, int64_t seq) {
+  if ((args.attention_flags & KEEL_ATTENTION_BLOCK_CAUSAL) != 0) return true;  // one fused call per run
+  if (args.attention_kernel == "auto") return keel::fused_attention_pays(device, seq);
+  return args.attention_kernel == "fused";
+}
+
+SequenceTables sequence_tables(const Args& args, int64_t seq, const at::TensorOptions& options) {
+  SequenceTables out{rope_tables(args, seq, options), {}, std::nullopt};
+  if (!fused_attention(args, options.device(), seq))
+    out.future = at::ones({seq, seq}, options.dtype(at::kBool)).triu(1);
+  return out;
 }
 
 // ------------------------------------------------------------------ dense MLP
@@ -232,8 +260,8 @@ Block::Block(Declare& d, const std::string& p, const Args& a, int64_t layer, con
     mlp_.emplace(d, p + "feed_forward.", a.dim, a.dense_hidden, residual_init(layer), a.recompute);
 }
 
-at::Tensor Block::forward(const at::Tensor& x, const RopeTables& rope) {
-  at::Tensor h = x + attention_.forward(rms_norm(x, *attention_norm_, args_.norm_eps), rope);
+at::Tensor Block::forward(const at::Tensor& x, const SequenceTables& tables) {
+  at::Tensor h = x + attention_.forward(rms_norm(x, *attention_norm_, args_.norm_eps), tables);
   at::Tensor normed = rms_norm(h, *ffn_norm_, args_.norm_eps);
   return h + (moe_ ? moe_->forward(normed) : mlp_->forward(normed));
 }
@@ -248,10 +276,10 @@ MtpModule::MtpModule(Declare& d, const std::string& p, const Args& a, int64_t la
       norm_(&d.param(p + "norm.weight", {a.dim}, kNormInit)),
       block_(d, p + "block.", a, layer, placement) {}
 
-at::Tensor MtpModule::forward(const at::Tensor& previous, const at::Tensor& embedded, const RopeTables& rope) {
+at::Tensor MtpModule::forward(const at::Tensor& previous, const at::Tensor& embedded, const SequenceTables& tables) {
   at::Tensor joined =
       at::cat({rms_norm(embedded, *enorm_, args_.norm_eps), rms_norm(previous, *hnorm_, args_.norm_eps)}, -1);
-  return block_.forward(keel::linear(joined, *eh_proj_), rope);
+  return block_.forward(keel::linear(joined, *eh_proj_), tables);
 }
 
 }  // namespace deepseek_v3

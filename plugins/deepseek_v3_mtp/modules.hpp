@@ -3,6 +3,7 @@
 // declares its parameters (canonical FQNs) through a Declare and holds pointers to them.
 #pragma once
 
+#include <keel/attention.hpp>
 #include <keel/keel.hpp>
 
 #include <cmath>
@@ -55,6 +56,23 @@ struct ExpertPlacement {
   keel_group* group = nullptr;  ///< the ep group (ep > 1)
 };
 
+/// What every attention layer of one forward over `seq` positions shares, built once per length.
+struct SequenceTables {
+  RopeTables rope;
+  /// [seq, seq] bool, true above the diagonal (the future each position may not see); built
+  /// only where the attention is materialised (fused_attention is false).
+  at::Tensor future;
+  /// The microbatch's document runs under block-causal attention (keel_forward_inputs
+  /// documents); absent: causal attention over each whole sample.
+  std::optional<keel::DocumentRuns> runs;
+};
+
+/// Whether attention over `seq` positions on `device` runs fused (Args::attention_kernel).
+bool fused_attention(const Args& args, const at::Device& device, int64_t seq);
+
+/// The tables for `seq` positions on `options`' device.
+SequenceTables sequence_tables(const Args& args, int64_t seq, const at::TensorOptions& options);
+
 /// RMSNorm in fp32, as the reference computes it.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
@@ -63,7 +81,7 @@ class Attention {
  public:
   /// Projections into the block drawn by kProjectionInit, wo by `residual`.
   Attention(Declare& d, const std::string& prefix, const Args& args, const keel::init::Rule& residual);
-  at::Tensor forward(const at::Tensor& x, const RopeTables& rope) const;
+  at::Tensor forward(const at::Tensor& x, const SequenceTables& tables) const;
 
  private:
   const Args& args_;
@@ -123,7 +141,7 @@ class Block {
  public:
   /// Global block `layer` (MTP blocks count as n_layers + k): MoE or dense by Args::is_moe.
   Block(Declare& d, const std::string& prefix, const Args& args, int64_t layer, const ExpertPlacement& placement);
-  at::Tensor forward(const at::Tensor& x, const RopeTables& rope);
+  at::Tensor forward(const at::Tensor& x, const SequenceTables& tables);
   /// The MoE of this block, or nullptr for a dense block.
   Moe* moe() { return moe_ ? &*moe_ : nullptr; }
 
@@ -141,7 +159,7 @@ class MtpModule {
  public:
   MtpModule(Declare& d, const std::string& prefix, const Args& args, int64_t layer, const ExpertPlacement& placement);
   /// The depth's hidden state from the previous one and the embeddings of the shifted tokens.
-  at::Tensor forward(const at::Tensor& previous, const at::Tensor& embedded, const RopeTables& rope);
+  at::Tensor forward(const at::Tensor& previous, const at::Tensor& embedded, const SequenceTables& tables);
   /// The final norm's weight.
   const at::Tensor& norm() const { return *norm_; }
   /// The block (for its MoE).

@@ -1,5 +1,6 @@
 #include "part.hpp"
 
+#include <keel/attention.hpp>
 #include <keel/linear.hpp>
 #include <keel/recompute.hpp>
 
@@ -53,35 +54,39 @@ std::vector<Moe*> Part::moes() {
   return out;
 }
 
-const RopeTables& Part::rope(int64_t seq) {
-  if (seq != rope_seq_) {
-    rope_ = rope_tables(args_, seq, options().dtype(at::kFloat));
-    rope_seq_ = seq;
+const SequenceTables& Part::tables(int64_t seq) {
+  if (seq != tables_seq_) {
+    tables_ = sequence_tables(args_, seq, options().dtype(at::kFloat));
+    tables_seq_ = seq;
   }
-  return rope_;
+  return tables_;
 }
 
 // Full recomputation keeps a block's inputs and reruns the block in backward. The closure
-// holds its own handles of the rope tables: the part's cache may change before the rerun.
-at::Tensor Part::run_block(Block& block, const at::Tensor& h, const RopeTables& tables) {
+// holds its own handles of the tables: the part's cache may change before the rerun.
+at::Tensor Part::run_block(Block& block, const at::Tensor& h, const SequenceTables& tables) {
   if (args_.recompute != keel::Recompute::full) return block.forward(h, tables);
   return keel::recompute([&block, tables](const std::vector<at::Tensor>& in) { return block.forward(in[0], tables); },
                          {h});
 }
 
 at::Tensor Part::run_mtp(MtpModule& module, const at::Tensor& previous, const at::Tensor& embedded,
-                         const RopeTables& tables) {
+                         const SequenceTables& tables) {
   if (args_.recompute != keel::Recompute::full) return module.forward(previous, embedded, tables);
   return keel::recompute(
       [&module, tables](const std::vector<at::Tensor>& in) { return module.forward(in[0], in[1], tables); },
       {previous, embedded});
 }
 
-Part::Outputs Part::compute(const at::Tensor& tokens, const at::Tensor& labels, const at::Tensor* activation) {
+Part::Outputs Part::compute(const at::Tensor& tokens, const at::Tensor& labels, const at::Tensor* activation,
+                            const at::Tensor* documents, const at::Tensor* positions) {
   Outputs out;
   const bool first = spec_.stage_index == 0;
   at::Tensor h = first ? at::embedding(*embedding_, tokens) : *activation;
-  const RopeTables& tables = rope(h.size(1));
+  // The length's tables, and this microbatch's document runs and positions.
+  SequenceTables tables = this->tables(h.size(1));
+  if (documents != nullptr) tables.runs = keel::document_runs(*documents);
+  if (positions != nullptr) tables.rope = at_positions(tables.rope, *positions);
   for (auto& block : blocks_) h = run_block(*block, h, tables);
   if (output_ == nullptr) {
     out.activation = h;
@@ -126,7 +131,10 @@ Part::Outputs Part::compute(const at::Tensor& tokens, const at::Tensor& labels, 
 
 void Part::forward(const keel_forward_inputs& in, keel_forward_outputs& outputs) {
   const at::Tensor* activation = in.activation != nullptr ? &keel::tensor(in.activation) : nullptr;
-  Outputs out = compute(keel::tensor(in.tokens), keel::tensor(in.labels), activation);
+  const bool masked = in.struct_size >= KEEL_FORWARD_INPUTS_SIZE_1_9;
+  const at::Tensor* documents = masked && in.documents != nullptr ? &keel::tensor(in.documents) : nullptr;
+  const at::Tensor* positions = masked && in.positions != nullptr ? &keel::tensor(in.positions) : nullptr;
+  Outputs out = compute(keel::tensor(in.tokens), keel::tensor(in.labels), activation, documents, positions);
   if (out.loss_sum.defined()) {
     keel::Host host(this->host());
     // Ratios of sums, so that each figure is weighted by its own labelled tokens over every

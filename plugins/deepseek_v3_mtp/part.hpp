@@ -30,8 +30,10 @@ class Part final : public keel::Part {
     std::vector<at::Tensor> mtp_logits, mtp_loss_sums;
     std::vector<at::Tensor> mtp_tokens;
   };
-  /// Runs one microbatch.
-  Outputs compute(const at::Tensor& tokens, const at::Tensor& labels, const at::Tensor* activation);
+  /// Runs one microbatch; `documents` and `positions` as keel_forward_inputs gives them
+  /// (nullptr: causal attention over the whole sample, positions 0 .. seq-1).
+  Outputs compute(const at::Tensor& tokens, const at::Tensor& labels, const at::Tensor* activation,
+                  const at::Tensor* documents = nullptr, const at::Tensor* positions = nullptr);
 
   /// The part's MoE layers (blocks and MTP blocks).
   std::vector<Moe*> moes();
@@ -43,10 +45,10 @@ class Part final : public keel::Part {
   const keel_part_spec& spec() const { return spec_; }
 
  private:
-  const RopeTables& rope(int64_t seq);
-  at::Tensor run_block(Block& block, const at::Tensor& h, const RopeTables& tables);
+  const SequenceTables& tables(int64_t seq);
+  at::Tensor run_block(Block& block, const at::Tensor& h, const SequenceTables& tables);
   at::Tensor run_mtp(MtpModule& module, const at::Tensor& previous, const at::Tensor& embedded,
-                     const RopeTables& tables);
+                     const SequenceTables& tables);
 
   const Args& args_;
   keel_part_spec spec_;
@@ -55,8 +57,8 @@ class Part final : public keel::Part {
   at::Tensor *norm_ = nullptr, *output_ = nullptr;
   std::vector<std::unique_ptr<Block>> blocks_;
   std::vector<std::unique_ptr<MtpModule>> mtp_;
-  int64_t rope_seq_ = -1;
-  RopeTables rope_;
+  int64_t tables_seq_ = -1;
+  SequenceTables tables_;
 };
 
 }  // namespace deepseek_v3

@@ -26,6 +26,7 @@ class DeepSeekV3 {
   static constexpr const char* import_formats = "hf";
   static constexpr uint32_t recompute_modes =
       keel::recompute_bit(keel::Recompute::full) | keel::recompute_bit(keel::Recompute::selective);
+  static constexpr uint32_t attention_flags = KEEL_ATTENTION_BLOCK_CAUSAL | KEEL_ATTENTION_RESET_POSITIONS;
   static std::vector<keel::ConfigKey> config_keys() { return deepseek_v3::config_keys(); }
 
   DeepSeekV3(keel::Host host, keel::Config& config)
@@ -44,6 +45,7 @@ class DeepSeekV3 {
   }
 
   void set_recompute(keel::Recompute mode) { args_.recompute = mode; }
+  void set_attention(uint32_t flags) { args_.attention_flags = flags; }
 
   int64_t activation_bytes(const keel_part_spec& spec, int64_t batch, int64_t seq, keel::Recompute mode) const {
     return deepseek_v3::activation_bytes(args_, spec, batch, seq, mode, mesh_.ep);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 namespace deepseek_v3 {
 
@@ -56,14 +57,23 @@ RopeTables rope_tables(const Args& a, int64_t seq, const at::TensorOptions& opti
   return {(freqs.cos() * factor).to(options), (freqs.sin() * factor).to(options)};
 }
 
+RopeTables at_positions(const RopeTables& t, const at::Tensor& positions) {
+  const std::vector<int64_t> shape = {positions.size(0), positions.size(1), t.cos.size(1)};
+  const at::Tensor flat = positions.flatten();
+  return {t.cos.index_select(0, flat).view(shape), t.sin.index_select(0, flat).view(shape)};
+}
+
 at::Tensor apply_rope(const at::Tensor& x, const RopeTables& t) {
   auto sizes = x.sizes().vec();
   sizes.back() /= 2;
   sizes.push_back(2);
   at::Tensor pairs = x.reshape(sizes);
   at::Tensor even = pairs.select(-1, 0), odd = pairs.select(-1, 1);
-  at::Tensor cos = t.cos.view({1, t.cos.size(0), 1, t.cos.size(1)});
-  at::Tensor sin = t.sin.view({1, t.sin.size(0), 1, t.sin.size(1)});
+  auto per_position = [](const at::Tensor& table) {  // [batch or 1, seq, 1, rope_dim / 2]
+    return table.dim() == 2 ? table.view({1, table.size(0), 1, table.size(1)})
+                            : table.view({table.size(0), table.size(1), 1, table.size(2)});
+  };
+  at::Tensor cos = per_position(t.cos), sin = per_position(t.sin);
   return at::stack({even * cos - odd * sin, odd * cos + even * sin}, -1).flatten(-2);
 }
 

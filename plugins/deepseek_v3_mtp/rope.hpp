@@ -9,7 +9,8 @@
 
 namespace deepseek_v3 {
 
-/// cos and sin of every (position, pair), [seq, rope_dim / 2], on `options`' device.
+/// cos and sin of every (position, pair), [seq, rope_dim / 2] on `options`' device, or
+/// [batch, seq, rope_dim / 2] where each sample has positions of its own.
 struct RopeTables {
   at::Tensor cos, sin;
 };
@@ -22,6 +23,8 @@ double attention_factor(const Args& args);
 double softmax_scale(const Args& args);
 /// The tables for positions 0 .. seq-1.
 RopeTables rope_tables(const Args& args, int64_t seq, const at::TensorOptions& options);
+/// The rows of `tables` ([seq, rope_dim / 2]) at `positions` ([batch, seq] int64).
+RopeTables at_positions(const RopeTables& tables, const at::Tensor& positions);
 /// Rotates interleaved pairs (x[2i], x[2i+1]) of x's last dim; x is [batch, seq, heads, rope_dim].
 at::Tensor apply_rope(const at::Tensor& x, const RopeTables& tables);
 

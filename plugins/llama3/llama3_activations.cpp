@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/SDPBackend.h>
+#include <keel/attention.hpp>
 
 #include <algorithm>
 #include <limits>
@@ -82,14 +83,10 @@ bool fused_attention(const Args& args, const keel_part_spec& spec) {
                                : spec.compute_dtype == KEEL_DTYPE_FP16 ? at::kHalf
                                                                        : at::kFloat;
   // The choice depends on the device, dtype, head counts and head size, not on batch or
-  // sequence length: two positions of one sample stand for any microbatch.
-  const at::TensorOptions options = at::TensorOptions().dtype(dtype).device(device);
-  const at::Tensor q = at::zeros({1, args.n_heads, 2, args.head_dim()}, options);
-  const at::Tensor kv = at::zeros({1, args.n_kv_heads, 2, args.head_dim()}, options);
-  const int64_t backend = at::_fused_sdp_choice(q, kv, kv, /*attn_mask=*/std::nullopt, /*dropout_p=*/0.0,
-                                                /*is_causal=*/true, /*scale=*/std::nullopt,
-                                                /*enable_gqa=*/args.n_kv_heads != args.n_heads);
-  return backend != static_cast<int64_t>(at::SDPBackend::math);
+  // sequence length.
+  const at::SDPBackend backend = keel::causal_attention_backend(
+      at::TensorOptions().dtype(dtype).device(device), args.n_heads, args.n_kv_heads, args.head_dim(), args.head_dim());
+  return backend != at::SDPBackend::math;
 }
 
 int64_t activation_bytes(const Args& args, const keel_part_spec& spec, int64_t batch, int64_t seq,

@@ -1,5 +1,6 @@
 #include "llama3_part.hpp"
 
+#include <keel/attention.hpp>
 #include <keel/init.hpp>
 #include <keel/linear.hpp>
 #include <keel/recompute.hpp>
@@ -74,7 +75,8 @@ Part::Part(keel_host* host, const Args& args, const keel_part_spec& spec)
   }
 }
 
-at::Tensor Part::attention(const Block& b, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const {
+at::Tensor Part::attention(const Block& b, const at::Tensor& x, const Sequence& sequence) const {
+  const at::Tensor &cos = sequence.cos, &sin = sequence.sin;
   const int64_t batch = x.size(0), seq = x.size(1), hd = args_.head_dim();
   at::Tensor q = keel::linear(x, *b.wq).view({batch, seq, args_.n_heads, hd});
   at::Tensor k = keel::linear(x, *b.wk).view({batch, seq, args_.n_kv_heads, hd});
@@ -82,10 +84,9 @@ at::Tensor Part::attention(const Block& b, const at::Tensor& x, const at::Tensor
   q = apply_rope(q, cos, sin).transpose(1, 2);
   k = apply_rope(k, cos, sin).transpose(1, 2);
   v = v.transpose(1, 2);
-  const bool gqa = args_.n_kv_heads != args_.n_heads;
-  auto core = [gqa](const std::vector<at::Tensor>& t) {
-    return at::scaled_dot_product_attention(t[0], t[1], t[2], /*attn_mask=*/std::nullopt, /*dropout_p=*/0.0,
-                                            /*is_causal=*/true, /*scale=*/std::nullopt, /*enable_gqa=*/gqa);
+  // Held by value: selective recomputation reruns the core in backward, after trunk returned.
+  auto core = [runs = sequence.runs](const std::vector<at::Tensor>& t) {
+    return runs ? keel::block_causal_attention(t[0], t[1], t[2], *runs) : keel::causal_attention(t[0], t[1], t[2]);
   };
   // Selective recomputation keeps q, k, v and reruns the attention itself in backward.
   at::Tensor out = args_.recompute == keel::Recompute::selective ? keel::recompute(core, {q, k, v}) : core({q, k, v});
@@ -101,26 +102,30 @@ at::Tensor Part::feed_forward(const Block& b, const at::Tensor& x) const {
   return keel::linear(hidden, *b.w2);
 }
 
-at::Tensor Part::block(const Block& b, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const {
-  at::Tensor h = x + attention(b, at::rms_norm(x, {args_.dim}, *b.attention_norm, args_.norm_eps), cos, sin);
+at::Tensor Part::block(const Block& b, const at::Tensor& x, const Sequence& sequence) const {
+  at::Tensor h = x + attention(b, at::rms_norm(x, {args_.dim}, *b.attention_norm, args_.norm_eps), sequence);
   return h + feed_forward(b, at::rms_norm(h, {args_.dim}, *b.ffn_norm, args_.norm_eps));
 }
 
-at::Tensor Part::trunk(const at::Tensor& tokens, const at::Tensor* activation) const {
+at::Tensor Part::trunk(const at::Tensor& tokens, const at::Tensor* activation, const at::Tensor* documents,
+                       const at::Tensor* positions) const {
   at::Tensor h = first_ ? at::embedding(*tok_embeddings_, tokens) : *activation;
-  const int64_t seq = h.size(1), half = args_.head_dim() / 2;
-  at::Tensor positions = at::arange(seq, h.options().dtype(at::kFloat));
+  const int64_t batch = h.size(0), seq = h.size(1), half = args_.head_dim() / 2;
   at::Tensor freqs = at::pow(args_.rope_theta, at::arange(half, h.options().dtype(at::kFloat)) *
                                                    (-2.0 / static_cast<double>(args_.head_dim())));
-  at::Tensor angles = at::outer(positions, freqs).view({1, seq, 1, half});
-  at::Tensor cos = angles.cos(), sin = angles.sin();
+  // Per sample where positions restart at each document, else one row of positions for all.
+  const at::Tensor angles =
+      positions != nullptr ? (positions->to(at::kFloat).unsqueeze(-1) * freqs).view({batch, seq, 1, half})
+                           : at::outer(at::arange(seq, h.options().dtype(at::kFloat)), freqs).view({1, seq, 1, half});
+  Sequence sequence{angles.cos(), angles.sin(), std::nullopt};
+  if (documents != nullptr) sequence.runs = keel::document_runs(*documents);
   for (const Block& b : blocks_) {
     if (args_.recompute != keel::Recompute::full) {
-      h = block(b, h, cos, sin);
+      h = block(b, h, sequence);
       continue;
     }
     // Full recomputation keeps the block's input and reruns the block in backward.
-    h = keel::recompute([this, &b, cos, sin](const std::vector<at::Tensor>& in) { return block(b, in[0], cos, sin); },
+    h = keel::recompute([this, &b, sequence](const std::vector<at::Tensor>& in) { return block(b, in[0], sequence); },
                         {h});
   }
   return h;
@@ -133,12 +138,15 @@ at::Tensor Part::head(const at::Tensor& h) const {
 at::Tensor Part::logits(const at::Tensor& tokens) {
   if (!first_ || output_ == nullptr)
     throw keel::Error(KEEL_ERROR_INVALID_ARGUMENT, "llama3: logits() needs a part holding the whole model");
-  return head(trunk(tokens, nullptr));
+  return head(trunk(tokens, nullptr, nullptr, nullptr));
 }
 
 void Part::forward(const keel_forward_inputs& inputs, keel_forward_outputs& outputs) {
   const at::Tensor* activation = inputs.activation != nullptr ? &keel::tensor(inputs.activation) : nullptr;
-  at::Tensor h = trunk(keel::tensor(inputs.tokens), activation);
+  const bool masked = inputs.struct_size >= KEEL_FORWARD_INPUTS_SIZE_1_9;
+  const at::Tensor* documents = masked && inputs.documents != nullptr ? &keel::tensor(inputs.documents) : nullptr;
+  const at::Tensor* positions = masked && inputs.positions != nullptr ? &keel::tensor(inputs.positions) : nullptr;
+  at::Tensor h = trunk(keel::tensor(inputs.tokens), activation, documents, positions);
   if (output_ == nullptr) {
     keel::tensor(outputs.activation) = h;
     return;

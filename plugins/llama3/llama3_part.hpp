@@ -7,8 +7,10 @@
 // first holds a REPLICA of tok_embeddings.weight, kept exact by the model (keel::StageReplicas).
 #pragma once
 
+#include <keel/attention.hpp>
 #include <keel/keel.hpp>
 
+#include <optional>
 #include <vector>
 
 #include "llama3_args.hpp"
@@ -28,12 +30,20 @@ class Part final : public keel::Part {
   struct Block {
     at::Tensor *attention_norm, *wq, *wk, *wv, *wo, *ffn_norm, *w1, *w2, *w3;
   };
-  at::Tensor attention(const Block& b, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const;
+  // What every block of one forward shares: RoPE's cos and sin ([1 or batch, seq, 1,
+  // head_dim / 2]) and, under document masking, the microbatch's document runs.
+  struct Sequence {
+    at::Tensor cos, sin;
+    std::optional<keel::DocumentRuns> runs;
+  };
+  at::Tensor attention(const Block& b, const at::Tensor& x, const Sequence& sequence) const;
   at::Tensor feed_forward(const Block& b, const at::Tensor& x) const;
   /// One transformer block: attention and feed-forward, each around a residual.
-  at::Tensor block(const Block& b, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const;
-  // The embedding (first stage) or the previous stage's activation through this part's blocks.
-  at::Tensor trunk(const at::Tensor& tokens, const at::Tensor* activation) const;
+  at::Tensor block(const Block& b, const at::Tensor& x, const Sequence& sequence) const;
+  // The embedding (first stage) or the previous stage's activation through this part's blocks;
+  // `documents` and `positions` as keel_forward_inputs gives them, or nullptr.
+  at::Tensor trunk(const at::Tensor& tokens, const at::Tensor* activation, const at::Tensor* documents,
+                   const at::Tensor* positions) const;
   // The final norm and the output head (last stage).
   at::Tensor head(const at::Tensor& h) const;
 

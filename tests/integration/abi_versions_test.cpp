@@ -1,5 +1,5 @@
 // Plugins of every ABI minor load, train and (from 1.1) export in this host: the same raw-ABI
-// model and clipper built as 1.0 to 1.8 and a future 1.9 (tests/plugins/versioned_model.cpp),
+// model and clipper built as 1.0 to 1.9 and a future 1.10 (tests/plugins/versioned_model.cpp),
 // each with traps beyond its struct sizes that a host reading too far would trip over.
 #include <gtest/gtest.h>
 
@@ -7,6 +7,7 @@
 #include <string>
 
 #include "checkpoint/safetensors.hpp"
+#include "data/token_file.hpp"
 #include "test_support.hpp"
 
 namespace keel {
@@ -64,8 +65,8 @@ TEST_P(AbiVersions, InspectListsExportAndIgnoredExtensions) {
   const bool exports = r.output.find("export_state") != std::string::npos;
   EXPECT_EQ(exports, GetParam() >= 1) << r.output;
   EXPECT_EQ(r.output.find("[extension; formats: hf]") != std::string::npos, GetParam() >= 2) << r.output;
-  // 0x7e57: the 1.9 plugin's extension that this host cannot know.
-  EXPECT_EQ(r.output.find("does not know (ignored): 32343") != std::string::npos, GetParam() == 9) << r.output;
+  // 0x7e57: the 1.10 plugin's extension that this host cannot know.
+  EXPECT_EQ(r.output.find("does not know (ignored): 32343") != std::string::npos, GetParam() == 10) << r.output;
   // From 1.3 the clipper declares its one key; the model declares none.
   const bool listed =
       r.output.find(
@@ -134,6 +135,22 @@ TEST(AbiVersions, RecomputeNamesAModelWithoutTheRecomputeExtension) {
   EXPECT_FALSE(std::filesystem::exists(dir / "run/metrics.jsonl"));
 }
 
+TEST(AbiVersions, BlockCausalNamesAModelWithoutTheAttentionExtension) {
+  test::TempDir dir;
+  std::vector<uint32_t> tokens(4096);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = i % 100 == 99 ? 0u : static_cast<uint32_t>(1 + i % 7);
+  keel::write_token_file(dir / "docs.tok", tokens, 16, 0, 40);
+  test::CommandResult r = test::run_command(versioned_job(
+      dir, "versioned_1_9",
+      "[data]\nsource = \"tokens\"\npath = \"" + (dir / "docs.tok") + "\"\nattention = \"block_causal\"\n"));
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("data.attention = \"block_causal\": model model (versioned_1_9) cannot mask attention by "
+                          "document (its plugin offers no KEEL_EXTENSION_MODEL_ATTENTION, SDK 1.9)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir / "run/metrics.jsonl"));
+}
+
 // Under a sharded optimizer at DP2, gradients are reduce-scattered only where the model's
 // pre_clip and the clipper allow it (SDK 1.7): a pre_clip without KEEL_HOOK_PRE_CLIP_REPLICAS_ONLY
 // (1.6) or a clipper without the shards extension keeps them whole, said in the log.
@@ -197,7 +214,7 @@ TEST(AbiVersionsZeroBubbleV, AModelBuiltBeforeSdk18IsRefusedNamingTheVersion) {
   EXPECT_NE(r.output.find("versioned_1_7.so was built against 1.7"), std::string::npos) << r.output;
 }
 
-INSTANTIATE_TEST_SUITE_P(Minor, AbiVersions, ::testing::Values(0, 1, 2, 3, 4, 5, 6, 7, 8, 9),
+INSTANTIATE_TEST_SUITE_P(Minor, AbiVersions, ::testing::Values(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10),
                          [](const ::testing::TestParamInfo<int>& info) { return "v1_" + std::to_string(info.param); });
 
 }  // namespace

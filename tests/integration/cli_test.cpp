@@ -31,7 +31,7 @@ log_interval = 2
 TEST(KeelTrain, VersionAndHelp) {
   auto version = test::run_command(test::bin_dir() + "/keel-train --version");
   EXPECT_EQ(version.status, 0);
-  EXPECT_HAS(version.output, "plugin ABI 1.8, LibTorch 2.15");
+  EXPECT_HAS(version.output, "plugin ABI 1.9, LibTorch 2.15");
   auto help = test::run_command(test::bin_dir() + "/keel-train --help");
   EXPECT_EQ(help.status, 0);
   EXPECT_HAS(help.output, "--dry-run");
@@ -106,7 +106,7 @@ TEST(KeelPlugin, InspectPrintsDescriptorAndRefusesNonPlugins) {
   auto ok =
       test::run_command(test::bin_dir() + "/keel-plugin inspect norm_clipper --plugin-path " + test::plugin_dir());
   ASSERT_EQ(ok.status, 0) << ok.output;
-  EXPECT_HAS(ok.output, "abi        1.8");
+  EXPECT_HAS(ok.output, "abi        1.9");
   EXPECT_HAS(ok.output, "clipper  norm_clipper");
   EXPECT_HAS(ok.output, "clip [capture-safe], state, gradient shards [extension]");
   // What the clipper reads, with defaults, before a user writes its table.

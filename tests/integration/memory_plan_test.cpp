@@ -175,10 +175,11 @@ TEST(MemoryPlan, InterleavingPlansEachRanksStagesAndTheirStateAsAllocated) {
 
 TEST(MemoryPlan, AnEstimatePastInt64SaturatesIntoAWarningInsteadOfWrapping) {
   test::TempDir dir;
-  // 4M samples of 16M tokens per microbatch: the [b, h, s, s] scores alone pass 2^63 bytes.
+  // 4M samples of 16M tokens per microbatch, attention materialised: the [b, h, s, s] scores
+  // alone pass 2^63 bytes.
   auto plan = dry_run(dir,
                       " --set training.seq_len=16777216 --set training.global_batch=16777216"
-                      " --set training.device_memory_gb=80");
+                      " --set training.device_memory_gb=80 --set model.attention_kernel=\\\"materialised\\\"");
   ASSERT_EQ(plan.status, 0) << plan.output;
   const std::vector<std::string> stages = activation_lines(plan.output);
   ASSERT_EQ(stages.size(), 2u) << plan.output;

@@ -1,5 +1,5 @@
 // One trainable model and one clipper on the raw ABI, built once per ABI minor to prove that
-// plugins of every minor load and train in this host (KEEL_TEST_MINOR = 0 to 9):
+// plugins of every minor load and train in this host (KEEL_TEST_MINOR = 0 to 10):
 //   1.0: component and model vtable end where 1.0 ended; what lies beyond them (an export
 //        function, an extension chain) are traps a host reading past struct_size would use.
 //   1.1: the model vtable carries export_state.
@@ -13,7 +13,8 @@
 //        KEEL_HOOK_PRE_CLIP_REPLICAS_ONLY; the clipper offers no shards extension (a host must
 //        keep gradients whole for it).
 //   1.8: as 1.7 (1.8 changed only the SDK's helpers and what the host allows).
-//   1.9: a newer plugin: a larger component struct and an extension this host cannot know,
+//   1.9: as 1.8 (its model offers no document masking: a host must refuse block_causal).
+//   1.10: a newer plugin: a larger component struct and an extension this host cannot know,
 //        listed before the export extension.
 // The model is a bigram language model (an embedding and an output head, one stage).
 #include <ATen/ATen.h>
@@ -229,7 +230,7 @@ const keel_extension* const kClipperExtensions = nullptr;
 #if KEEL_TEST_MINOR == 0 || KEEL_TEST_MINOR == 1
 constexpr size_t kComponentSize = KEEL_COMPONENT_SIZE_1_0;
 const keel_extension* const kExtensions = &export_extension.base;  // beyond struct_size: a trap
-#elif KEEL_TEST_MINOR >= 2 && KEEL_TEST_MINOR <= 8
+#elif KEEL_TEST_MINOR >= 2 && KEEL_TEST_MINOR <= 9
 constexpr size_t kComponentSize = KEEL_COMPONENT_SIZE_1_2;
 const keel_extension* const kExtensions = &export_extension.base;
 #else

@@ -75,10 +75,10 @@ TEST(ExtensionChain, AChainLongerThanTheLimitIsRefused) {
 }
 
 TEST(ExtensionChain, ATypeListedTwiceIsRefused) {
-  keel_extension second{sizeof(keel_extension), 7, nullptr};
-  keel_extension first{sizeof(keel_extension), 7, &second};
+  keel_extension second{sizeof(keel_extension), 77, nullptr};
+  keel_extension first{sizeof(keel_extension), 77, &second};
   std::string why = refusal(model_with(&first));
-  EXPECT_NE(why.find("component 'm' extension #1: type 7 is listed twice"), std::string::npos) << why;
+  EXPECT_NE(why.find("component 'm' extension #1: type 77 is listed twice"), std::string::npos) << why;
 }
 
 TEST(ExtensionChain, AnEntrySmallerThanTheHeaderIsRefused) {

@@ -51,7 +51,7 @@ TEST(PluginLoader, TooSmallDescriptorIsRefused) {
 
 TEST(PluginLoader, AbiMajorMismatchNamesBothVersions) {
   std::string m = load_error("abi_major");
-  EXPECT_HAS(m, "was built for Keel ABI 99.0, this host speaks ABI 1.8: rebuild it against SDK 1");
+  EXPECT_HAS(m, "was built for Keel ABI 99.0, this host speaks ABI 1.9: rebuild it against SDK 1");
 }
 
 TEST(PluginLoader, LibTorchMismatchNamesBothVersions) {

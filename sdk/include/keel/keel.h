@@ -32,7 +32,8 @@
  *     gradients: each rank holds the reduced rows it steps). 1.8: nothing new crosses the
  *     boundary; the helper keel::StageReplicas keeps a REPLICA that sits beside its owner
  *     on one rank (the V of parallelism.schedule = "zbv"), and the host runs zbv only with
- *     model plugins of 1.8 or newer.
+ *     model plugins of 1.8 or newer. 1.9: KEEL_EXTENSION_MODEL_ATTENTION (document masking:
+ *     keel_forward_inputs.documents and .positions).
  *
  * Ownership and lifetime:
  *   - Every pointer handed across the boundary is borrowed for the duration of the call unless
@@ -140,7 +141,7 @@ extern "C" {
 /* ---------------------------------------------------------------- versions and basics */
 
 #define KEEL_ABI_MAJOR 1
-#define KEEL_ABI_MINOR 8
+#define KEEL_ABI_MINOR 9
 
 /* The size of struct T up to and including `last_field`: the minimum struct_size a receiver
  * needs when it reads fields up to that one (sizeof(T) may add trailing padding). */
@@ -423,6 +424,17 @@ typedef struct keel_forward_inputs {
   const keel_tensor* activation;
   int32_t microbatch;
   int32_t num_microbatches;
+
+  /* ---- appended in 1.9 (KEEL_EXTENSION_MODEL_ATTENTION); check struct_size first */
+
+  /* [batch, seq] int64 on the part's device: the document of each position within its sample
+   * (0 for the first, +1 after each EOS; an EOS belongs to the document it ends). Set only
+   * after set_attention() asked for KEEL_ATTENTION_BLOCK_CAUSAL; NULL otherwise. */
+  const keel_tensor* documents;
+  /* [batch, seq] int64 on the part's device: the RoPE position of each token, counted from 0
+   * at each document start. Set only under KEEL_ATTENTION_RESET_POSITIONS; NULL otherwise
+   * (positions are 0 .. seq-1). */
+  const keel_tensor* positions;
 } keel_forward_inputs;
 
 #define KEEL_IGNORE_INDEX (-100)
@@ -440,6 +452,7 @@ typedef struct keel_forward_outputs {
 #define KEEL_MODEL_INFO_SIZE_1_0 KEEL_STRUCT_SIZE(keel_model_info, hidden_size)
 #define KEEL_PART_SPEC_SIZE_1_0 KEEL_STRUCT_SIZE(keel_part_spec, compute_dtype)
 #define KEEL_FORWARD_INPUTS_SIZE_1_0 KEEL_STRUCT_SIZE(keel_forward_inputs, num_microbatches)
+#define KEEL_FORWARD_INPUTS_SIZE_1_9 KEEL_STRUCT_SIZE(keel_forward_inputs, positions)
 #define KEEL_FORWARD_OUTPUTS_SIZE_1_0 KEEL_STRUCT_SIZE(keel_forward_outputs, loss_sum)
 
 enum {
@@ -571,7 +584,8 @@ enum {
   KEEL_EXTENSION_MODEL_IMPORT = 3,    /* keel_model_import_extension, on a MODEL component (1.4) */
   KEEL_EXTENSION_MODEL_RECOMPUTE = 4, /* keel_model_recompute_extension, on a MODEL component (1.6) */
   KEEL_EXTENSION_MODEL_MEMORY = 5,    /* keel_model_memory_extension, on a MODEL component (1.6)    */
-  KEEL_EXTENSION_CLIPPER_SHARDS = 6   /* keel_clipper_shards_extension, on a CLIPPER component (1.7) */
+  KEEL_EXTENSION_CLIPPER_SHARDS = 6,  /* keel_clipper_shards_extension, on a CLIPPER component (1.7) */
+  KEEL_EXTENSION_MODEL_ATTENTION = 7  /* keel_model_attention_extension, on a MODEL component (1.9) */
 };
 
 /* Model export (the 1.1 vtable field export_state, as an extension). */
@@ -739,6 +753,26 @@ typedef struct keel_clipper_shards_extension {
 } keel_clipper_shards_extension;
 
 #define KEEL_CLIPPER_SHARDS_EXTENSION_SIZE_1_7 KEEL_STRUCT_SIZE(keel_clipper_shards_extension, bind_gradient_shards)
+
+/* Document masking (1.9), for data.attention = "block_causal": a position attends only to the
+ * earlier positions of its own document in a packed sample, and (data.reset_positions) RoPE
+ * counts positions from each document start. */
+enum {
+  KEEL_ATTENTION_BLOCK_CAUSAL = 1u << 0,   /* forward inputs carry `documents`                */
+  KEEL_ATTENTION_RESET_POSITIONS = 1u << 1 /* forward inputs carry `positions` (with the above) */
+};
+
+typedef struct keel_model_attention_extension {
+  keel_extension base; /* type = KEEL_EXTENSION_MODEL_ATTENTION                             */
+  /* The KEEL_ATTENTION_* flags the model honours. */
+  uint32_t supported;
+  /* Sets the flags (a subset of `supported`, never 0) of the parts built after it: called
+   * before build_part. From then on every forward's inputs carry the tensors they name.
+   * [once][setup][train-thread] */
+  keel_status (*set_attention)(keel_model* model, uint32_t flags);
+} keel_model_attention_extension;
+
+#define KEEL_MODEL_ATTENTION_EXTENSION_SIZE_1_9 KEEL_STRUCT_SIZE(keel_model_attention_extension, set_attention)
 
 /* ---------------------------------------------------------------- the descriptor */
 

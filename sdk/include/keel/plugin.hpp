@@ -129,6 +129,9 @@ struct ModelAdapter {
   static keel_status set_recompute(keel_model* m, int32_t mode) {
     return guard(holder(m).host.raw(), [&] { holder(m).object->set_recompute(static_cast<Recompute>(mode)); });
   }
+  static keel_status set_attention(keel_model* m, uint32_t flags) {
+    return guard(holder(m).host.raw(), [&] { holder(m).object->set_attention(flags); });
+  }
   static keel_status activation_bytes(keel_model* m, const keel_part_spec* spec, int64_t batch, int64_t seq,
                                       int32_t mode, int64_t* bytes) {
     return guard(holder(m).host.raw(), [&] {
@@ -326,6 +329,29 @@ const keel_extension* with_recompute(const keel_extension* next) {
 }
 
 template <class M>
+constexpr bool has_attention = requires(M& m) {
+  { M::attention_flags } -> std::convertible_to<uint32_t>;
+  m.set_attention(uint32_t{});
+};
+
+// The attention extension of M chained in front of `next` when M masks attention by document.
+template <class M>
+const keel_extension* with_attention(const keel_extension* next) {
+  if constexpr (has_attention<M>) {
+    static const keel_model_attention_extension attention_extension = [next] {
+      keel_model_attention_extension e{};
+      e.base = {sizeof(keel_model_attention_extension), KEEL_EXTENSION_MODEL_ATTENTION, next};
+      e.supported = M::attention_flags;
+      e.set_attention = &ModelAdapter<M>::set_attention;
+      return e;
+    }();
+    return &attention_extension.base;
+  } else {
+    return next;
+  }
+}
+
+template <class M>
 constexpr bool has_activation_bytes = requires(const M& m, const keel_part_spec& spec) {
   { m.activation_bytes(spec, int64_t{}, int64_t{}, Recompute::none) } -> std::convertible_to<int64_t>;
 };
@@ -385,9 +411,11 @@ const keel_extension* with_gradient_shards(const keel_extension* next) {
 ///   void set_recompute(keel::Recompute);  with  static constexpr uint32_t recompute_modes = ...;
 /// (keel::recompute_bit(mode) | ...; the helper is keel/recompute.hpp), and
 ///   int64_t activation_bytes(const keel_part_spec&, int64_t batch, int64_t seq, keel::Recompute) const;
-/// estimating what a part's forward keeps for backward (the dry run's memory plan). A hook M
-/// lacks is NULL in the vtable; export, import, recomputation, the activation estimate and
-/// config keys are offered as extensions.
+/// estimating what a part's forward keeps for backward (the dry run's memory plan), and
+///   void set_attention(uint32_t flags);  with  static constexpr uint32_t attention_flags = ...;
+/// (KEEL_ATTENTION_* bits: document masking, data.attention = "block_causal"). A hook M
+/// lacks is NULL in the vtable; export, import, recomputation, the activation estimate,
+/// document masking and config keys are offered as extensions.
 /// `hook_flags` declares capture-safe hooks (KEEL_HOOK_*_CAPTURE_SAFE). Every member function
 /// is called on the train thread.
 template <class M>
@@ -429,8 +457,8 @@ const keel_component* model_component(const char* name, const char* description,
                                         name,
                                         description,
                                         &vtable,
-                                        detail::with_config_keys<M>(detail::with_memory<M>(
-                                            detail::with_recompute<M>(detail::with_import<M>(extensions))))};
+                                        detail::with_config_keys<M>(detail::with_attention<M>(detail::with_memory<M>(
+                                            detail::with_recompute<M>(detail::with_import<M>(extensions)))))};
   return &component;
 }
 
