@@ -49,6 +49,23 @@ double peak_memory_bytes(const at::Device& device) {
   return static_cast<double>(usage.ru_maxrss) * 1024.0;
 }
 
+void reset_peak_memory(const at::Device& device) {
+#ifdef KEEL_WITH_CUDA
+  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+#endif
+  (void)device;
+}
+
+double allocated_memory_bytes(const at::Device& device) {
+#ifdef KEEL_WITH_CUDA
+  if (device.is_cuda())
+    return static_cast<double>(
+        c10::cuda::CUDACachingAllocator::getDeviceStats(device.index()).allocated_bytes[0].current);
+#endif
+  (void)device;
+  return 0;
+}
+
 std::optional<double> cuda_device_memory_bytes() {
 #ifdef KEEL_WITH_CUDA
   if (c10::cuda::device_count() > 0) return static_cast<double>(at::cuda::getDeviceProperties(0)->totalGlobalMem);

@@ -14,6 +14,10 @@ at::Device resolve_device(const std::string& kind, int local_rank);
 /// Peak memory of this process on `device` so far: the CUDA caching allocator's peak, or the
 /// process's peak resident set on CPU.
 double peak_memory_bytes(const at::Device& device);
+/// Starts peak_memory_bytes() afresh from what `device` holds now (CUDA only; a no-op on CPU).
+void reset_peak_memory(const at::Device& device);
+/// Bytes the CUDA caching allocator has handed out on `device` now; 0 on CPU.
+double allocated_memory_bytes(const at::Device& device);
 /// Total memory of the first CUDA device this process sees, or nothing without one.
 std::optional<double> cuda_device_memory_bytes();
 /// Waits for queued work on `device` (timing only; never inside a step).

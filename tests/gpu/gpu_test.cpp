@@ -1,7 +1,11 @@
 // CUDA checks; each skips with its reason where no GPU is present.
 #include <gtest/gtest.h>
 
+#include <keel/attention.hpp>
+
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 
 #include "common/error.hpp"
 #include "device/device.hpp"
@@ -142,6 +146,48 @@ TEST(Gpu, Bf16TrainsAndTracksFp32) {
   EXPECT_LT(bf16.losses.back(), bf16.losses.front() - 0.5);
   EXPECT_NEAR(bf16.losses.back(), fp32.losses.back(), 0.02 * fp32.losses.back());
   for (const at::Tensor& p : bf16.params) EXPECT_EQ(p.scalar_type(), at::kFloat);
+}
+
+// The DeepSeek-V3 debug layer's attention core (16 heads, query/key heads 192, value heads 128)
+// at 4096 positions, forward and backward: LibTorch picks a fused kernel for the unequal head
+// sizes, it matches the materialised product, and it keeps nothing of size seq^2. Prints the
+// kernel, its time and its peak for tools/gpu-check's table.
+TEST(GpuAttention, MlaHeadsTakeAFusedKernelAndKeepNoSquareOfTheSequence) {
+  SKIP_WITHOUT_GPU();
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    const at::TensorOptions options = at::TensorOptions().device(at::kCUDA).dtype(dtype);
+    const at::SDPBackend backend = causal_attention_backend(options, 16, 16, 192, 128);
+    EXPECT_NE(backend, at::SDPBackend::math) << dtype;
+    at::manual_seed(0);
+    const int64_t s = 4096;
+    at::Tensor q = at::randn({1, 16, s, 192}, options).requires_grad_();
+    at::Tensor k = at::randn({1, 16, s, 192}, options).requires_grad_();
+    at::Tensor v = at::randn({1, 16, s, 128}, options).requires_grad_();
+    const at::Device device(at::kCUDA, 0);
+    causal_attention(q, k, v).sum().backward();  // a first call loads the kernels
+    q.mutable_grad() = k.mutable_grad() = v.mutable_grad() = at::Tensor();
+    synchronize(device);
+    reset_peak_memory(device);
+    const double before = allocated_memory_bytes(device);
+    const auto start = std::chrono::steady_clock::now();
+    at::Tensor out = causal_attention(q, k, v);
+    out.backward(at::ones_like(out));
+    synchronize(device);
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    const double peak = peak_memory_bytes(device) - before;
+    // One [16, s, s] fp32 tensor is 1 GiB; operands, output and gradients are about 0.1 GiB.
+    EXPECT_LT(peak, 256.0 * (1 << 20)) << dtype;
+    std::printf("GPU ROW | attention kernel, MLA debug layer, %s, 1 x 4096, fwd+bwd | %s | %.1f ms | peak %.0f MiB |\n",
+                dtype == at::kFloat ? "fp32" : "bf16", attention_backend_name(backend), ms, peak / (1 << 20));
+    // Against the materialised product on 1024 positions (fp32 only: the reference's own rounding).
+    if (dtype != at::kFloat) continue;
+    const int64_t n = 1024;
+    at::Tensor qs = q.detach().narrow(2, 0, n), ks = k.detach().narrow(2, 0, n), vs = v.detach().narrow(2, 0, n);
+    at::Tensor scores = at::matmul(qs, ks.transpose(-1, -2)) / std::sqrt(192.0);
+    scores = scores.masked_fill(at::ones({n, n}, options.dtype(at::kBool)).triu(1), -INFINITY);
+    at::Tensor reference = at::matmul(at::softmax(scores, -1), vs);
+    EXPECT_LT((causal_attention(qs, ks, vs) - reference).abs().max().item<double>(), 1e-4);
+  }
 }
 
 }  // namespace
