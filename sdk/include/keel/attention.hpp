@@ -29,10 +29,10 @@
 namespace keel {
 
 /// From this many positions fp32 CPU attention runs fused. Measured with
-/// tools/bench/attention_crossover.py (DeepSeek-V3 debug's layer: 16 heads, query/key heads
-/// 192, value heads 128; forward and backward; 2 threads of an AMD EPYC, Zen 5, AVX-512;
-/// medians of 3 alternating rounds): fused / materialised time 1.31 at 8 x 64, 1.60 at
-/// 1 x 64, 1.23 at 1 x 256, 1.22 at 1 x 512, 0.98 at 1 x 640, 0.56 at 1 x 768, 0.51 at
+/// tools/bench/attention_crossover.py on DeepSeek-V3 debug's layer (16 heads, query/key heads
+/// 192, value heads 128; forward and backward; 2 threads of an AMD EPYC, Zen 4, AVX-512,
+/// 32 MiB L3; medians of 3 alternating rounds): fused / materialised time 1.31 at 8 x 64, 1.60
+/// at 1 x 64, 1.23 at 1 x 256, 1.22 at 1 x 512, 0.98 at 1 x 640, 0.56 at 1 x 768, 0.51 at
 /// 1 x 1024, 0.42 at 1 x 2048. The materialised product wins while its [h, s, s] scores stay
 /// in the last-level cache; a CPU with a smaller cache crosses over earlier.
 inline constexpr int64_t kCpuFusedAttentionFrom = 640;
