@@ -114,6 +114,15 @@ TEST(ParallelParity, Pp2Dp2Ep2MatchesTheSingleRankRun) {
   expect_parity("PP2 DP2 EP2", 4, {"parallelism.pp=2", "parallelism.dp=2", "parallelism.ep=2"});
 }
 
+// At 640 positions the attention takes the fused kernel (keel::kCpuFusedAttentionFrom): the
+// pipeline and the experts' all-to-all around it match the single-rank run as at 64.
+TEST(ParallelParity, LongSequencePp2Dp2Ep2MatchesTheSingleRankRun) {
+  const std::vector<std::string> shape = {"training.seq_len=640", "training.global_batch=4"};
+  std::vector<std::string> sets = {"parallelism.pp=2", "parallelism.dp=2", "parallelism.ep=2"};
+  sets.insert(sets.end(), shape.begin(), shape.end());
+  expect_parity("PP2 DP2 EP2 640", 4, sets, kJob, {1, shape});
+}
+
 TEST(ParallelParity, Pp2Dp2Ep1MatchesTheSingleRankRun) {
   expect_parity("PP2 DP2 EP1", 4, {"parallelism.pp=2", "parallelism.dp=2"});
 }
