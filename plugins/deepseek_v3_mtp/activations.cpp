@@ -72,8 +72,8 @@ class Counter {
   // (selective) only its operands; materialised, copies of its operands as batched matrix
   // products lay them out and the fp32 probabilities; fused, the kernel's concatenated query
   // and key, its values and its output (both zero-padded to the query's head size on CPU) and
-  // an fp32 log-sum-exp per row and head. The
-  // output projection keeps its input. The causal mask is the part's, built once per length.
+  // an fp32 log-sum-exp per row and head. The output projection keeps its input. The causal
+  // mask is the part's, built once per length.
   double attention() const {
     const double t = tokens_, e = element_, h = heads();
     const double nope = static_cast<double>(a_.qk_nope_head_dim), rope = static_cast<double>(a_.qk_rope_head_dim);

@@ -32,6 +32,7 @@ struct Args {
   int64_t v_head_dim = 0;
   /// "auto" (fused from keel::kCpuFusedAttentionFrom positions on CPU, always on CUDA),
   /// "fused" or "materialised" (the [b, h, s, s] probabilities kept: short sequences, tests).
+  /// Under document masking (attention_flags) the attention is always fused, one call per run.
   std::string attention_kernel = "auto";
   // feed-forward
   int64_t dense_hidden = 0;

@@ -14,9 +14,6 @@ struct Args {
   /// What backward recomputes (the host's training.recompute, set before any part is built;
   /// not a key of the model's table).
   keel::Recompute recompute = keel::Recompute::none;
-  /// KEEL_ATTENTION_* flags of the host's data.attention and data.reset_positions (set before
-  /// any part is built; not keys of the model's table). Forwards then carry the documents.
-  uint32_t attention_flags = 0;
   int64_t dim = 0;
   int64_t n_layers = 0;
   int64_t n_heads = 0;

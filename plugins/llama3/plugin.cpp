@@ -37,7 +37,8 @@ class Llama3 {
     return info;
   }
   void set_recompute(keel::Recompute mode) { args_.recompute = mode; }
-  void set_attention(uint32_t flags) { args_.attention_flags = flags; }
+  // The parts mask by the documents each forward's inputs carry: nothing to remember here.
+  void set_attention(uint32_t /*flags*/) {}
   int64_t activation_bytes(const keel_part_spec& spec, int64_t batch, int64_t seq, keel::Recompute mode) const {
     return llama3::activation_bytes(args_, spec, batch, seq, mode);
   }

@@ -165,7 +165,7 @@ TEST(GpuAttention, MlaHeadsTakeAFusedKernelAndKeepNoSquareOfTheSequence) {
     at::Tensor v = at::randn({1, 16, s, 128}, options).requires_grad_();
     const at::Device device(at::kCUDA, 0);
     causal_attention(q, k, v).sum().backward();  // a first call loads the kernels
-    q.mutable_grad() = k.mutable_grad() = v.mutable_grad() = at::Tensor();
+    for (at::Tensor* t : {&q, &k, &v}) t->mutable_grad() = at::Tensor();
     synchronize(device);
     reset_peak_memory(device);
     const double before = allocated_memory_bytes(device);
