@@ -161,13 +161,15 @@ JobConfig read_job_config(ConfigTree& tree, int world_size, bool cuda_available)
   int64_t seed = at_least(tr, "seed", 0, 0);
   c.training.seed = static_cast<uint64_t>(seed);
   c.training.dtype = tr.choice("dtype", "fp32", {"fp32", "bf16"});
-  c.training.recompute = tr.choice("recompute", "none", {"none", "full", "selective"});
-  // A fully recomputed block reruns its forward and whole backward pass inside one autograd
-  // node, which has no separate weight pass to defer.
-  if (c.training.recompute == "full" && (c.parallelism.schedule == "zb_h1" || c.parallelism.schedule == "zbv"))
-    tr.invalid("recompute", cat("\"full\" cannot run under parallelism.schedule = \"", c.parallelism.schedule,
-                                "\", which splits each backward pass into input and weight passes; use "
-                                "\"selective\" or another schedule"));
+  c.training.recompute = tr.choice("recompute", "none", {"none", "selective", "lean", "full"});
+  // A fully or leanly recomputed region holds weights: it reruns its forward and its whole
+  // backward pass inside one autograd node, which has no separate weight pass to defer.
+  if ((c.training.recompute == "full" || c.training.recompute == "lean") &&
+      (c.parallelism.schedule == "zb_h1" || c.parallelism.schedule == "zbv"))
+    tr.invalid("recompute",
+               cat("\"", c.training.recompute, "\" cannot run under parallelism.schedule = \"", c.parallelism.schedule,
+                   "\", which splits each backward pass into input and weight passes; use "
+                   "\"selective\" or another schedule"));
   c.training.device = tr.choice("device", "cpu", {"auto", "cpu", "cuda"});
   if (c.training.device == "auto") c.training.device = cuda_available ? "cuda" : "cpu";
   if (c.training.device == "cuda" && !cuda_available)

@@ -46,7 +46,7 @@ struct TrainingSection {
   std::string cpu_gemm = "onednn";  ///< "onednn" | "blas": which library runs fp32 CPU matrix products
   bool flush_denormal = true;       ///< CPU: treat subnormal floats as zero (Adam's second moments
                                     ///< of tiny gradients otherwise slow every step down several-fold)
-  std::string recompute = "none";   ///< "none" | "full" | "selective": activations recomputed in backward
+  std::string recompute = "none";   ///< "none" | "selective" | "lean" | "full": activations recomputed in backward
   double device_memory_gb = 0;      ///< per rank, for the dry run's memory plan; 0 = the GPU's, if any
 };
 

@@ -38,4 +38,24 @@ class AutocastScope {
   at::ScalarType previous_dtype_ = at::kFloat;
 };
 
+/// Keeps autocast's cache of cast weights from one AutocastScope to the next for its lifetime
+/// (one training step, `active` when the step computes below fp32): each weight is cast once a
+/// step and every microbatch's graph shares that copy, where a scope per forward would have each
+/// microbatch in flight keep its own. Autocast stays off between the scopes, so backward runs as
+/// without it. The weights must not change while it lives (the optimizer steps after it).
+class AutocastCache {
+ public:
+  explicit AutocastCache(bool active) : active_(active) {
+    if (active_) at::autocast::increment_nesting();
+  }
+  ~AutocastCache() {
+    if (active_ && at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  }
+  AutocastCache(const AutocastCache&) = delete;
+  AutocastCache& operator=(const AutocastCache&) = delete;
+
+ private:
+  bool active_;
+};
+
 }  // namespace keel

@@ -123,6 +123,8 @@ at::Tensor PipelineRunner::run(const std::vector<at::Tensor>& tokens, const std:
   at::Tensor loss_total = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
   timing_ = {};
   handed_over_.clear();
+  // Every microbatch's forward shares one cast of each weight (the optimizer steps after).
+  const AutocastCache cast_once(compute_dtype_ != at::kFloat && !device_.is_meta());
   const Clock::time_point start = Clock::now();
 
   for (size_t index = 0; index < actions_.size(); ++index) {
@@ -193,6 +195,7 @@ at::Tensor PipelineRunner::run(const std::vector<at::Tensor>& tokens, const std:
 
 at::Tensor PipelineRunner::evaluate(const std::vector<at::Tensor>& tokens, const std::vector<at::Tensor>& labels) {
   c10::NoGradGuard no_grad;
+  const AutocastCache cast_once(compute_dtype_ != at::kFloat && !device_.is_meta());
   handed_over_.clear();
   const auto microbatches = static_cast<int>(tokens.size());
   at::Tensor loss_total = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));

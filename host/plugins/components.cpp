@@ -1,9 +1,11 @@
 #include "plugins/components.hpp"
 
 #include <keel/keel.hpp>
+#include <keel/recompute_mode.hpp>
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <set>
 #include <stdexcept>
 
@@ -192,20 +194,23 @@ struct ExportReceiver {
 }  // namespace
 
 void Model::set_recompute(const std::string& mode, const std::string& key) {
-  const keel_recompute_mode wanted = mode == "full" ? KEEL_RECOMPUTE_FULL : KEEL_RECOMPUTE_SELECTIVE;
+  const std::optional<keel::Recompute> named = keel::recompute_named(mode);
+  if (!named || *named == keel::Recompute::none)
+    throw std::logic_error(cat("Model::set_recompute: \"", mode, "\" is not a mode to ask a model for"));
+  const keel::Recompute wanted = *named;
   const keel_model_recompute_extension& e = extensions_.model_recompute;
   if (e.set_recompute == nullptr)
     throw InputError(cat(key, " = \"", mode, "\": ", context_.label(),
                          " does not recompute activations (its plugin offers no KEEL_EXTENSION_MODEL_RECOMPUTE, "
                          "SDK 1.6); use \"none\""));
-  if ((e.modes & (1u << static_cast<uint32_t>(wanted))) == 0) {
-    std::vector<std::string> offered;
-    for (const auto& [bit, name] : {std::pair{KEEL_RECOMPUTE_FULL, "full"}, {KEEL_RECOMPUTE_SELECTIVE, "selective"}})
-      if ((e.modes & (1u << static_cast<uint32_t>(bit))) != 0) offered.push_back(cat("\"", name, "\""));
-    offered.push_back("\"none\"");
+  if ((e.modes & keel::recompute_bit(wanted)) == 0) {
+    std::vector<std::string> offered = {"\"none\""};
+    for (const keel::RecomputeName& n : keel::kRecomputeNames)
+      if (n.mode != keel::Recompute::none && (e.modes & keel::recompute_bit(n.mode)) != 0)
+        offered.push_back(cat("\"", n.name, "\""));
     throw InputError(cat(key, " = \"", mode, "\": ", context_.label(), " recomputes only ", join(offered, ", ")));
   }
-  context_.check(e.set_recompute(raw_, wanted), "set_recompute");
+  context_.check(e.set_recompute(raw_, static_cast<int32_t>(wanted)), "set_recompute");
 }
 
 void Model::set_attention(uint32_t flags, const std::string& key) {

@@ -118,7 +118,7 @@ class Model {
   /// refuses the source.
   void import_state(const std::string& format, const keel_import_source& source,
                     const std::function<void(const std::string&, const at::Tensor&)>& receive);
-  /// Asks the model to recompute `mode` ("full" or "selective") in the parts it builds next;
+  /// Asks the model to recompute `mode` (a training.recompute name but "none") in the parts it builds next;
   /// an InputError naming `key` and the plugin when it does not implement that mode.
   void set_recompute(const std::string& mode, const std::string& key);
   /// Asks the model for document masking (KEEL_ATTENTION_* `flags`) in the parts it builds

@@ -1,5 +1,7 @@
 #include "train/dry_run.hpp"
 
+#include <keel/recompute_mode.hpp>
+
 #include <algorithm>
 #include <cstdio>
 #include <limits>
@@ -77,9 +79,7 @@ struct ActivationPlan {
 };
 
 keel_recompute_mode recompute_mode(const std::string& name) {
-  if (name == "full") return KEEL_RECOMPUTE_FULL;
-  if (name == "selective") return KEEL_RECOMPUTE_SELECTIVE;
-  return KEEL_RECOMPUTE_NONE;
+  return static_cast<keel_recompute_mode>(keel::recompute_named(name).value_or(keel::Recompute::none));
 }
 
 // The activations of `view`'s parts, or nullopt when its model offers no estimate.
@@ -109,6 +109,13 @@ std::optional<ActivationPlan> plan_activations(Job& view) {
   return plan;
 }
 
+// Below fp32 the products read a cast copy of each weight, made once a step and shared by the
+// step's microbatches (AutocastCache): at most half the fp32 parameters' bytes (a weight no
+// product reads, such as an embedding table, is never cast).
+int64_t cast_weight_bytes(const JobConfig& config, const StateBytes& state) {
+  return config.training.dtype == "bf16" ? state.parameters / 2 : 0;
+}
+
 // The plan's verdict against the memory of one device: the configured figure, else the GPU's.
 // `activations` is empty when the model offers no estimate: then the verdict is of the state.
 void print_fit(const JobConfig& config, const std::vector<StateBytes>& state,
@@ -125,8 +132,8 @@ void print_fit(const JobConfig& config, const std::vector<StateBytes>& state,
   std::vector<size_t> over;
   int64_t largest = 0;
   for (size_t rank = 0; rank < state.size(); ++rank) {
-    const int64_t total =
-        ActivationPlan::saturating_add(state[rank].total(), activations ? (*activations)[rank].peak : 0, 1);
+    const int64_t held = ActivationPlan::saturating_add(state[rank].total(), cast_weight_bytes(config, state[rank]), 1);
+    const int64_t total = ActivationPlan::saturating_add(held, activations ? (*activations)[rank].peak : 0, 1);
     largest = std::max(largest, total);
     if (static_cast<double>(total) > limit) over.push_back(rank);
   }
@@ -229,6 +236,12 @@ void print_dry_run(const RunOptions& options) {
   std::printf("memory plan, training state per rank (parameters, gradients, AdamW%s, buffers; activations on top):\n",
               config.parallelism.shard_optimizer ? " sharded over dp/edp" : "");
   for (const std::string& l : state_lines_by_rank(state_by_rank)) std::printf("  %s\n", l.c_str());
+  if (config.training.dtype != "fp32") {
+    int64_t most = 0;
+    for (const StateBytes& s : state_by_rank) most = std::max(most, cast_weight_bytes(config, s));
+    std::printf("  weights cast to %s for the products, once a step: at most %ld B (%s) on a rank\n",
+                config.training.dtype.c_str(), static_cast<long>(most), human_bytes(static_cast<double>(most)).c_str());
+  }
   if (activations_by_rank)
     print_activations(config, *activations_by_rank, mesh);
   else

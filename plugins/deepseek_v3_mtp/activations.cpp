@@ -27,6 +27,7 @@ class Counter {
         seq_(static_cast<double>(seq)),
         tokens_(batch_ * seq_),
         element_(element),
+        cast_(element < kFloat),
         mode_(mode),
         ep_(static_cast<double>(ep)),
         experts_apart_(experts_apart),
@@ -34,28 +35,47 @@ class Counter {
         cpu_(cpu) {}
 
   double tokens() const { return tokens_; }
-  double hidden() const { return tokens_ * static_cast<double>(a_.dim) * element_; }
+  /// A [tokens, dim] tensor of the residual stream: fp32 whatever the compute dtype (autocast
+  /// runs element-wise ops on fp32 inputs in fp32, and the parameters are fp32).
+  double stream() const { return tokens_ * static_cast<double>(a_.dim) * kFloat; }
 
   // A block's input and everything the block keeps (its output is the next block's input).
   double block(int64_t layer) const {
-    if (mode_ == keel::Recompute::full) return hidden() + kRecomputeCallBytes;
-    return hidden() + attention() + 2 * hidden() /* h and its norm, the feed-forward input */ + norms(1) +
-           (a_.is_moe(layer) ? moe() : swiglu(static_cast<double>(a_.dense_hidden)));
+    if (mode_ == keel::Recompute::full) return stream() + kRecomputeCallBytes;
+    const bool moe = a_.is_moe(layer);
+    double bytes = stream() /* x */ + stream() /* h */;
+    if (mode_ == keel::Recompute::lean) {
+      // Each sub-layer reruns from its input, but an MoE keeps its norm and the normed input
+      // of its rerun router and shared experts.
+      bytes += kRecomputeCallBytes;
+      return moe ? bytes + norms(1) + stream() + moe_lean() : bytes + kRecomputeCallBytes;
+    }
+    bytes += norms(1); /* the feed-forward's norm */
+    // The normed feed-forward input, read by the router and the shared experts' two products,
+    // or the dense feed-forward's two.
+    const bool shared = moe && a_.n_shared_experts > 0;
+    bytes += product_input(a_.dim, moe ? 1 + (shared ? 2 : 0) : 2);
+    return bytes + attention() + (moe ? this->moe() : swiglu(static_cast<double>(a_.dense_hidden)));
   }
 
-  // The head's norm, its normed output and log-softmax's fp32 output, and the labels.
+  /// The part's output, fp32 between stages.
+  double output() const { return stream(); }
+
+  // The head's norm (its intermediate, and the normed output its product reads; its input is
+  // the last block's output), log-softmax's fp32 output, and the labels.
   double head() const {
-    return hidden() + norms(1) + tokens_ * static_cast<double>(a_.vocab_size) * kFloat + tokens_ * kIndex;
+    return norms(1) + product_input(a_.dim, 1) + tokens_ * static_cast<double>(a_.vocab_size) * kFloat +
+           tokens_ * kIndex;
   }
 
   // One MTP depth: the embedded tokens ahead, the module (a block behind two norms and a
   // projection of their concatenation), its output and its head.
   double mtp_depth(int64_t layer) const {
-    const double embedded = hidden() + tokens_ * kIndex;
+    const double embedded = stream() + tokens_ * kIndex;
     const double module = mode_ == keel::Recompute::full
                               ? kRecomputeCallBytes
-                              : norms(2) + 2 * hidden() /* the concatenation */ + block(layer);
-    return embedded + module + hidden() /* the module's output */ + head();
+                              : norms(2) + product_input(2 * a_.dim, 1) /* the concatenation */ + block(layer);
+    return embedded + module + stream() /* the module's output */ + head();
   }
 
  private:
@@ -66,32 +86,40 @@ class Counter {
     if (width < 0) width = static_cast<double>(a_.dim);
     return count * tokens_ * (1 + width) * kFloat;
   }
+  // What `consumers` products keep of an fp32 [tokens, width] input: the input itself in fp32;
+  // below fp32, each product's own cast copy (autocast caches casts of weights only).
+  double product_input(int64_t width, int consumers) const {
+    const double bytes = tokens_ * static_cast<double>(width);
+    return cast_ ? consumers * bytes * element_ : bytes * kFloat;
+  }
   double heads() const { return static_cast<double>(a_.n_heads); }
 
-  // The query and key-value projections keep their inputs; the attention core keeps
+  // The query and key-value projections keep their (normed) input; the attention core keeps
   // (selective) only its operands; materialised, copies of its operands as batched matrix
-  // products lay them out and the fp32 probabilities; fused, the kernel's concatenated query
-  // and key, its values and its output (both zero-padded to the query's head size on CPU) and
-  // an fp32 log-sum-exp per row and head. The output projection keeps its input. The causal
-  // mask is the part's, built once per length.
+  // products lay them out and the fp32 probabilities (and their cast copy below fp32); fused,
+  // the kernel's concatenated query and key, its values and its output (both zero-padded to the
+  // query's head size on CPU) and an fp32 log-sum-exp per row and head. The output projection
+  // keeps its input. The rope parts are fp32 (the tables are). The causal mask is the part's,
+  // built once per length.
   double attention() const {
     const double t = tokens_, e = element_, h = heads();
     const double nope = static_cast<double>(a_.qk_nope_head_dim), rope = static_cast<double>(a_.qk_rope_head_dim);
     const double v = static_cast<double>(a_.v_head_dim), kv_rank = static_cast<double>(a_.kv_lora_rank);
-    double bytes = hidden() /* the normed input */ + norms(1) + norms(1, kv_rank);
+    double bytes = product_input(a_.dim, 2) + norms(1) + norms(1, kv_rank);
     if (a_.q_lora_rank > 0) {
       const double q_rank = static_cast<double>(a_.q_lora_rank);
       bytes += 2 * t * q_rank * e + norms(1, q_rank);
     }
     bytes += t * (kv_rank + rope) * e /* the kv down-projection */ + t * kv_rank * e /* its norm */;
     if (mode_ == keel::Recompute::selective) {
-      bytes += t * h * (nope + rope) * e /* q */ + t * h * (nope + v) * e /* kv */ + t * h * rope * e /* roped q */ +
-               t * rope * e /* roped k */ + kRecomputeCallBytes;
+      bytes += t * h * (nope + rope) * e /* q */ + t * h * (nope + v) * e /* kv */ +
+               t * h * rope * kFloat /* roped q */ + t * rope * kFloat /* roped k */ + kRecomputeCallBytes;
     } else if (fused_) {
       const double qk = nope + rope, value = cpu_ ? std::max(qk, v) : v;
       bytes += 2 * t * h * qk * e /* query, key */ + 2 * t * h * value * e /* v, output */ + t * h * kFloat /* lse */;
     } else {
-      bytes += t * h * (2 * nope + 2 * rope + v) * e + batch_ * h * seq_ * seq_ * kFloat;
+      const double square = batch_ * h * seq_ * seq_;
+      bytes += t * h * (2 * nope + 2 * rope + v) * e + square * kFloat + (cast_ ? square * e : 0);
     }
     return bytes + t * h * v * e /* the output projection's input */;
   }
@@ -104,28 +132,48 @@ class Counter {
     return 4 * rows * width * element_;
   }
 
-  // Router scores and choices; the rows each expert runs, packed into slots of the busiest
-  // local expert's load; the results and their weights; the shared experts.
-  double moe() const {
-    const double t = tokens_, k = static_cast<double>(a_.top_k), e = static_cast<double>(a_.n_routed_experts);
-    const double local = e / ep_, rows = t * k;  // rows arriving: each rank's tokens, spread evenly
+  // The slots of this rank's experts: each expert's rows padded to the busiest local expert's.
+  double slots() const {
+    const double k = static_cast<double>(a_.top_k), e = static_cast<double>(a_.n_routed_experts);
+    const double local = e / ep_, rows = tokens_ * k;  // rows arriving: each rank's tokens, spread evenly
     const double mean = rows / local;
     const double busiest = std::min(rows, mean + std::sqrt(2 * mean * std::log(std::max(local, 1.0))));
     double per_expert = std::ceil(busiest);
     if (experts_apart_) per_expert = std::ceil(per_expert / kOneDnnExpertSlots) * kOneDnnExpertSlots;
-    const double slots = local * per_expert;
-    double bytes = t * e * kFloat /* scores */ + rows * kIndex /* choices */ + (rows + t) * kFloat /* weights */;
-    bytes += 3 * rows * kIndex /* order, token of each row, slot of each row */;
-    bytes += slots * static_cast<double>(a_.dim) * element_ + swiglu(static_cast<double>(a_.moe_hidden), slots);
+    return local * per_expert;
+  }
+  double local_experts() const { return static_cast<double>(a_.n_routed_experts) / ep_; }
+
+  // Router scores and choices, and the bookkeeping of the rows: order, token of each row and
+  // slot of each row; the weights, and each slot's weight; the slots (in the compute dtype).
+  double routing() const {
+    const double t = tokens_, rows = t * static_cast<double>(a_.top_k);
+    double bytes = t * static_cast<double>(a_.n_routed_experts) * kFloat /* scores */ + rows * kIndex /* choices */ +
+                   (rows + t) * kFloat /* weights */ + 3 * rows * kIndex;
+    return bytes + slots() * kFloat + slots() * static_cast<double>(a_.dim) * element_;
+  }
+
+  // The routed experts' SwiGLUs over their slots and the weighted results; the shared experts.
+  double moe() const {
+    double bytes = routing() + swiglu(static_cast<double>(a_.moe_hidden), slots());
     // Experts run apart wrap their SwiGLUs in one recomputation each.
-    if (experts_apart_ && mode_ == keel::Recompute::selective) bytes += (local - 1) * kRecomputeCallBytes;
-    bytes += rows * static_cast<double>(a_.dim) * element_ + rows * element_;
+    if (experts_apart_ && mode_ == keel::Recompute::selective) bytes += (local_experts() - 1) * kRecomputeCallBytes;
+    bytes += slots() * static_cast<double>(a_.dim) * element_ /* the results, read by their weighting */;
     if (a_.n_shared_experts > 0) bytes += swiglu(static_cast<double>(a_.moe_hidden * a_.n_shared_experts));
     return bytes;
   }
 
+  // Lean: the slots and their weights only; each expert (apart) or all of them (batched) and
+  // the shared experts rerun in backward.
+  double moe_lean() const {
+    const double calls =
+        1 /* the router */ + (experts_apart_ ? local_experts() : 1) + (a_.n_shared_experts > 0 ? 1 : 0);
+    return routing() + calls * kRecomputeCallBytes;
+  }
+
   const Args& a_;
   double batch_, seq_, tokens_, element_;
+  bool cast_;  // products compute below fp32, under autocast
   keel::Recompute mode_;
   double ep_;
   bool experts_apart_;  // each routed expert's products apart, on oneDNN (Moe::run_experts)
@@ -146,7 +194,7 @@ int64_t activation_bytes(const Args& args, const keel_part_spec& spec, int64_t b
   const bool fused = fused_attention(args, cpu ? at::Device(at::kCPU) : at::Device(at::kCUDA), seq);
   const Counter count(args, batch, seq, element, mode, std::max<int64_t>(ep, 1), experts_apart, fused, cpu);
   const bool first = spec.stage_index == 0, last = spec.stage_index == spec.num_stages - 1;
-  double bytes = count.hidden();                // the part's output, kept for its backward
+  double bytes = count.output();                // the part's output, kept for its backward
   if (first) bytes += count.tokens() * kIndex;  // the embedding's indices
   for (int64_t layer = spec.first_layer; layer < spec.first_layer + spec.num_layers; ++layer)
     bytes += count.block(layer);

@@ -1,5 +1,6 @@
 #include "modules.hpp"
 
+#include <ATen/autocast_mode.h>
 #include <c10/core/GradMode.h>
 #include <keel/attention.hpp>
 #include <keel/autograd.hpp>
@@ -107,6 +108,15 @@ Mlp::Mlp(Declare& d, const std::string& p, int64_t dim, int64_t hidden, const ke
 
 namespace {
 
+// The weight `w` as autocast's products read it: cast through autocast's cache, so once a step.
+// A product of its transposed view would cast that view afresh each call (autocast caches no
+// view), and each microbatch in flight would keep its own copy.
+at::Tensor compute_weight(const at::Tensor& w) {
+  const at::DeviceType type = w.device().type();
+  if (!at::autocast::is_autocast_enabled(type)) return w;
+  return at::autocast::cached_cast(at::autocast::get_autocast_dtype(type), w, type);
+}
+
 // silu(gate) * up; selective recomputation keeps the two projections only.
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up, keel::Recompute recompute) {
   auto product = [](const std::vector<at::Tensor>& t) { return at::silu(t[0]) * t[1]; };
@@ -116,7 +126,14 @@ at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up, keel::Recompute 
 }  // namespace
 
 at::Tensor Mlp::forward(const at::Tensor& x) const {
-  return keel::linear(swiglu(keel::linear(x, *w1_), keel::linear(x, *w3_), recompute_), *w2_);
+  if (recompute_ != keel::Recompute::lean) return products(x);
+  // Lean recomputation keeps the input only and reruns all three products.
+  return keel::recompute([mlp = this](const std::vector<at::Tensor>& in) { return mlp->products(in[0]); }, {x});
+}
+
+at::Tensor Mlp::products(const at::Tensor& x) const {
+  const keel::Recompute inner = recompute_ == keel::Recompute::lean ? keel::Recompute::none : recompute_;
+  return keel::linear(swiglu(keel::linear(x, *w1_), keel::linear(x, *w3_), inner), *w2_);
 }
 
 // ------------------------------------------------------------------ MoE
@@ -143,7 +160,11 @@ at::Tensor Moe::forward(const at::Tensor& x) {
   const auto shape = x.sizes().vec();
   at::Tensor tokens = x.reshape({-1, a.dim});
   const int64_t n = tokens.size(0), e = a.n_routed_experts;
-  at::Tensor logits = keel::linear(tokens.to(at::kFloat), gate_->to(at::kFloat));
+  auto router = [gate = gate_](const std::vector<at::Tensor>& in) {
+    return keel::linear(in[0].to(at::kFloat), gate->to(at::kFloat));
+  };
+  // Lean recomputation reruns the router's product, whose input the shared experts keep.
+  at::Tensor logits = a.recompute == keel::Recompute::lean ? keel::recompute(router, {tokens}) : router({tokens});
   at::Tensor scores = a.score_func == "softmax" ? logits.softmax(-1) : logits.sigmoid();
   // The bias steers which experts are chosen, never the weights they get.
   at::Tensor choice = scores.detach() + *expert_bias_;
@@ -171,20 +192,26 @@ at::Tensor Moe::forward(const at::Tensor& x) {
 }
 
 // The (token, expert) pairs sorted by expert — so by the rank holding the expert — go
-// through their experts and come back weighted into their tokens. With ep > 1 the sorted rows
-// travel by differentiable all-to-all: split sizes first (the counts each rank sends to each
-// of another's experts), then the rows, then the results back with the splits swapped.
+// through their experts, are weighted there, and come back into their tokens. With ep > 1 the
+// sorted rows and their weights travel by differentiable all-to-all: split sizes first (the
+// counts each rank sends to each of another's experts), then the rows and weights, then the
+// weighted results back with the splits swapped. Weighting beside the experts lets lean
+// recomputation rerun it with them, so that no expert output is kept.
 at::Tensor Moe::routed(const at::Tensor& x, const at::Tensor& indices, const at::Tensor& weights) const {
   const int64_t k = indices.size(1), e = args_.n_routed_experts;
   at::Tensor flat_expert = indices.flatten();
   at::Tensor order = at::argsort(flat_expert, /*stable=*/true);
   at::Tensor sorted_expert = flat_expert.index_select(0, order);
   at::Tensor sorted_token = at::div(order, k, "floor");  // pair i is (token i / k, choice i % k)
-  at::Tensor sorted_weight = weights.flatten().index_select(0, order);
+  at::Tensor sorted_weight = weights.flatten().index_select(0, order).unsqueeze(1);
   at::Tensor rows = x.index_select(0, sorted_token);
-  at::Tensor results;
+  // Under autocast the experts' products read their rows in the compute dtype: the rows are
+  // cast before they travel and are kept (half the bytes; the products see the same values).
+  const at::DeviceType type = x.device().type();
+  if (at::autocast::is_autocast_enabled(type)) rows = rows.to(at::autocast::get_autocast_dtype(type));
+  at::Tensor weighted;
   if (placement_.ep == 1) {
-    results = run_experts(rows, sorted_expert);
+    weighted = run_experts(rows, sorted_expert, sorted_weight);
   } else {
     const ExpertPlacement& p = placement_;
     keel::Host host(p.host);
@@ -200,22 +227,27 @@ at::Tensor Moe::routed(const at::Tensor& x, const at::Tensor& indices, const at:
     // Rows arrive by source rank, each source's rows sorted by expert.
     at::Tensor local_ids = at::arange(p.local, indices.options()).repeat({p.ep});
     at::Tensor arrived_expert = local_ids.repeat_interleave(recv_counts.flatten());
-    at::Tensor computed = run_experts(arrived, arrived_expert);
-    results = keel::autograd::all_to_all(host, p.group, computed, input_splits, output_splits);
+    at::Tensor arrived_weight = keel::autograd::all_to_all(host, p.group, sorted_weight, output_splits, input_splits);
+    at::Tensor computed = run_experts(arrived, arrived_expert, arrived_weight);
+    weighted = keel::autograd::all_to_all(host, p.group, computed, input_splits, output_splits);
   }
-  at::Tensor weighted = results * sorted_weight.unsqueeze(1);
-  return at::zeros_like(x).index_add(0, sorted_token, weighted);
+  // Back in each token's order (pair i is token i / k, choice i % k) and summed over its k
+  // choices. An index_add into the tokens would keep every weighted row for its backward
+  // (autograd keeps an index_add's source); an index_select keeps its indices only.
+  at::Tensor unsorted = at::empty_like(order).scatter_(0, order, at::arange(order.size(0), order.options()));
+  return weighted.index_select(0, unsorted).view({x.size(0), k, x.size(1)}).sum(1);
 }
 
-// Every row through the SwiGLU of its local expert: rows packed into padded slots of
-// [local_experts, capacity, dim]. Where keel::linear runs on oneDNN (fp32 on CPU) each expert
-// runs its three products over its own slots, the capacity rounded up to kOneDnnExpertSlots
-// (faster than the batched BLAS products: BENCHMARKS.md); elsewhere all experts run as three
-// batched matmuls. One host read per call
-// (the capacity) replaces any read per expert; LibTorch 2.15's CPU _grouped_mm is not used
-// because it needs 16-byte-aligned strides and fails in backward on empty groups. An empty
-// input still runs the (empty) matmuls, so every expert weight gets a gradient on every rank.
-at::Tensor Moe::run_experts(const at::Tensor& rows, const at::Tensor& expert) const {
+// Every row through the SwiGLU of its local expert, times its weight: rows packed into padded
+// slots of [local_experts, capacity, dim]. Where keel::linear runs on oneDNN (fp32 on CPU) each
+// expert runs its three products over its own slots, the capacity rounded up to
+// kOneDnnExpertSlots (faster than the batched BLAS products: BENCHMARKS.md); elsewhere all
+// experts run as three batched matmuls. One host read per call (the capacity) replaces any
+// read per expert; LibTorch 2.15's CPU _grouped_mm is not used because it needs
+// 16-byte-aligned strides and fails in backward on empty groups. An empty input still runs the
+// (empty) matmuls, so every expert weight gets a gradient on every rank. Lean recomputation
+// keeps each expert's slots and weights only: its products, SwiGLU and weighting rerun.
+at::Tensor Moe::run_experts(const at::Tensor& rows, const at::Tensor& expert, const at::Tensor& weight) const {
   const int64_t local = placement_.local, r = rows.size(0), dim = rows.size(1);
   const bool apart = r > 0 && keel::linear_uses_onednn(rows, w1_->select(0, 0));
   at::Tensor counts = at::bincount(expert, {}, local);
@@ -227,22 +259,40 @@ at::Tensor Moe::run_experts(const at::Tensor& rows, const at::Tensor& expert) co
   at::Tensor starts = counts.cumsum(0) - counts;
   at::Tensor slot_sorted = sorted * capacity + (at::arange(r, expert.options()) - starts.index_select(0, sorted));
   at::Tensor slot = at::empty_like(slot_sorted).scatter_(0, order, slot_sorted);
+  // Each slot's row, and for a padding slot a zero row past the end: packed by index_select,
+  // which keeps its indices only (an index_add would keep the rows for its backward).
+  at::Tensor row_of_slot =
+      at::full({local * capacity}, r, expert.options()).scatter_(0, slot, at::arange(r, expert.options()));
   at::Tensor packed =
-      at::zeros({local * capacity, dim}, rows.options()).index_add(0, slot, rows).view({local, capacity, dim});
+      at::cat({rows, at::zeros({1, dim}, rows.options())}).index_select(0, row_of_slot).view({local, capacity, dim});
+  at::Tensor packed_weight =
+      at::cat({weight, at::zeros({1, 1}, weight.options())}).index_select(0, row_of_slot).view({local, capacity, 1});
+  const bool lean = args_.recompute == keel::Recompute::lean;
+  const keel::Recompute inner = lean ? keel::Recompute::none : args_.recompute;
   at::Tensor result;
   if (apart) {
-    const std::vector<at::Tensor> slots = packed.unbind(0), w1 = w1_->unbind(0), w2 = w2_->unbind(0),
-                                  w3 = w3_->unbind(0);
+    const std::vector<at::Tensor> slots = packed.unbind(0), slot_weights = packed_weight.unbind(0);
     std::vector<at::Tensor> outputs;
     outputs.reserve(static_cast<size_t>(local));
-    for (size_t e = 0; e < slots.size(); ++e)
-      outputs.push_back(
-          keel::linear(swiglu(keel::linear(slots[e], w1[e]), keel::linear(slots[e], w3[e]), args_.recompute), w2[e]));
+    for (size_t i = 0; i < slots.size(); ++i) {
+      const int64_t e = static_cast<int64_t>(i);
+      auto expert_out = [moe = this, e, inner](const std::vector<at::Tensor>& in) {
+        return keel::linear(swiglu(keel::linear(in[0], moe->w1_->select(0, e)),
+                                   keel::linear(in[0], moe->w3_->select(0, e)), inner),
+                            moe->w2_->select(0, e)) *
+               in[1];
+      };
+      outputs.push_back(lean ? keel::recompute(expert_out, {slots[i], slot_weights[i]})
+                             : expert_out({slots[i], slot_weights[i]}));
+    }
     result = at::cat(outputs);
   } else {
-    at::Tensor hidden =
-        swiglu(at::bmm(packed, w1_->transpose(1, 2)), at::bmm(packed, w3_->transpose(1, 2)), args_.recompute);
-    result = at::bmm(hidden, w2_->transpose(1, 2)).view({local * capacity, dim});
+    auto experts_out = [moe = this, inner, local, capacity, dim](const std::vector<at::Tensor>& in) {
+      at::Tensor hidden = swiglu(at::bmm(in[0], compute_weight(*moe->w1_).transpose(1, 2)),
+                                 at::bmm(in[0], compute_weight(*moe->w3_).transpose(1, 2)), inner);
+      return (at::bmm(hidden, compute_weight(*moe->w2_).transpose(1, 2)) * in[1]).view({local * capacity, dim});
+    };
+    result = lean ? keel::recompute(experts_out, {packed, packed_weight}) : experts_out({packed, packed_weight});
   }
   return result.index_select(0, slot);
 }
@@ -261,9 +311,26 @@ Block::Block(Declare& d, const std::string& p, const Args& a, int64_t layer, con
 }
 
 at::Tensor Block::forward(const at::Tensor& x, const SequenceTables& tables) {
-  at::Tensor h = x + attention_.forward(rms_norm(x, *attention_norm_, args_.norm_eps), tables);
-  at::Tensor normed = rms_norm(h, *ffn_norm_, args_.norm_eps);
-  return h + (moe_ ? moe_->forward(normed) : mlp_->forward(normed));
+  if (args_.recompute != keel::Recompute::lean) {
+    at::Tensor h = x + attention_.forward(rms_norm(x, *attention_norm_, args_.norm_eps), tables);
+    return h + (moe_ ? moe_->forward(rms_norm(h, *ffn_norm_, args_.norm_eps))
+                     : mlp_->forward(rms_norm(h, *ffn_norm_, args_.norm_eps)));
+  }
+  // Lean recomputation keeps the block's input x and h between the sub-layers and reruns each
+  // sub-layer, its norm and residual included, from them; an MoE keeps its norm and normed
+  // input and reruns its router and experts (Moe::forward). The residual stays inside a region:
+  // x feeds the norm's ops and the residual, and only with all of them in one region do their
+  // gradients meet in the order they meet without it, which keeps the run bitwise the kept one.
+  // The closure holds its own handles of the tables, which the part's cache may replace.
+  auto attention = [block = this, tables](const std::vector<at::Tensor>& in) {
+    return in[0] + block->attention_.forward(rms_norm(in[0], *block->attention_norm_, block->args_.norm_eps), tables);
+  };
+  at::Tensor h = keel::recompute(attention, {x});
+  if (moe_) return h + moe_->forward(rms_norm(h, *ffn_norm_, args_.norm_eps));
+  auto feed_forward = [block = this](const std::vector<at::Tensor>& in) {
+    return in[0] + block->mlp_->products(rms_norm(in[0], *block->ffn_norm_, block->args_.norm_eps));
+  };
+  return keel::recompute(feed_forward, {h});
 }
 
 // ------------------------------------------------------------------ MTP

@@ -81,6 +81,7 @@ class Attention {
  public:
   /// Projections into the block drawn by kProjectionInit, wo by `residual`.
   Attention(Declare& d, const std::string& prefix, const Args& args, const keel::init::Rule& residual);
+  /// The attention of the normed input `x`, [b, s, dim].
   at::Tensor forward(const at::Tensor& x, const SequenceTables& tables) const;
 
  private:
@@ -93,10 +94,13 @@ class Attention {
 class Mlp {
  public:
   /// w1 drawn by kProjectionInit, w2 and w3 by `residual`; `recompute` selective reruns the
-  /// SwiGLU product in backward.
+  /// SwiGLU product in backward, lean the whole feed-forward.
   Mlp(Declare& d, const std::string& prefix, int64_t dim, int64_t hidden, const keel::init::Rule& residual,
       keel::Recompute recompute);
   at::Tensor forward(const at::Tensor& x) const;
+  /// The three products of `x`, the SwiGLU recomputed as selective asks: forward without the
+  /// lean region (for a caller whose own region holds it).
+  at::Tensor products(const at::Tensor& x) const;
 
  private:
   at::Tensor *w1_, *w2_, *w3_;
@@ -126,7 +130,7 @@ class Moe {
 
  private:
   at::Tensor routed(const at::Tensor& x, const at::Tensor& indices, const at::Tensor& weights) const;
-  at::Tensor run_experts(const at::Tensor& rows, const at::Tensor& expert) const;
+  at::Tensor run_experts(const at::Tensor& rows, const at::Tensor& expert, const at::Tensor& weight) const;
 
   const Args& args_;
   std::string prefix_;
@@ -136,7 +140,9 @@ class Moe {
   std::optional<Mlp> shared_;
 };
 
-/// Pre-norm transformer block: x + attn(norm(x)), then + ffn(norm(x)).
+/// Pre-norm transformer block: x + attn(norm(x)), then + ffn(norm(x)). Lean recomputation
+/// keeps x and h between the sub-layers and reruns the rest from them (the routed experts from
+/// their rows).
 class Block {
  public:
   /// Global block `layer` (MTP blocks count as n_layers + k): MoE or dense by Args::is_moe.

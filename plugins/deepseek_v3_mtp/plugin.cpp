@@ -24,8 +24,9 @@ class DeepSeekV3 {
  public:
   static constexpr const char* export_formats = "hf";
   static constexpr const char* import_formats = "hf";
-  static constexpr uint32_t recompute_modes =
-      keel::recompute_bit(keel::Recompute::full) | keel::recompute_bit(keel::Recompute::selective);
+  static constexpr uint32_t recompute_modes = keel::recompute_bit(keel::Recompute::full) |
+                                              keel::recompute_bit(keel::Recompute::selective) |
+                                              keel::recompute_bit(keel::Recompute::lean);
   static constexpr uint32_t attention_flags = KEEL_ATTENTION_BLOCK_CAUSAL | KEEL_ATTENTION_RESET_POSITIONS;
   static std::vector<keel::ConfigKey> config_keys() { return deepseek_v3::config_keys(); }
 

@@ -34,6 +34,8 @@ class Counter {
   // A block's input and everything the block keeps (its output is the next block's input).
   double block() const {
     if (mode_ == keel::Recompute::full) return hidden() + kRecomputeCallBytes;
+    // Lean: x and h, and a rerun of each sub-layer.
+    if (mode_ == keel::Recompute::lean) return 2 * hidden() + 2 * kRecomputeCallBytes;
     return hidden() + norm() + attention() + hidden() /* x + attention, the second norm's input */ + norm() +
            feed_forward();
   }

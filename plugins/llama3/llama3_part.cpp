@@ -103,8 +103,22 @@ at::Tensor Part::feed_forward(const Block& b, const at::Tensor& x) const {
 }
 
 at::Tensor Part::block(const Block& b, const at::Tensor& x, const Sequence& sequence) const {
-  at::Tensor h = x + attention(b, at::rms_norm(x, {args_.dim}, *b.attention_norm, args_.norm_eps), sequence);
-  return h + feed_forward(b, at::rms_norm(h, {args_.dim}, *b.ffn_norm, args_.norm_eps));
+  if (args_.recompute != keel::Recompute::lean) {
+    at::Tensor h = x + attention(b, at::rms_norm(x, {args_.dim}, *b.attention_norm, args_.norm_eps), sequence);
+    return h + feed_forward(b, at::rms_norm(h, {args_.dim}, *b.ffn_norm, args_.norm_eps));
+  }
+  // Lean recomputation keeps x and h between the sub-layers and reruns each sub-layer, its norm
+  // and residual included, from them. The residual stays inside: x feeds the norm's ops and the
+  // residual, and only with all of them in one region do their gradients meet in the order they
+  // meet without it, which keeps the run bitwise the kept one.
+  auto attend = [this, &b, sequence](const std::vector<at::Tensor>& in) {
+    return in[0] + attention(b, at::rms_norm(in[0], {args_.dim}, *b.attention_norm, args_.norm_eps), sequence);
+  };
+  at::Tensor h = keel::recompute(attend, {x});
+  auto feed = [this, &b](const std::vector<at::Tensor>& in) {
+    return in[0] + feed_forward(b, at::rms_norm(in[0], {args_.dim}, *b.ffn_norm, args_.norm_eps));
+  };
+  return keel::recompute(feed, {h});
 }
 
 at::Tensor Part::trunk(const at::Tensor& tokens, const at::Tensor* activation, const at::Tensor* documents,

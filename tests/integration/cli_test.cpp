@@ -117,13 +117,13 @@ TEST(KeelPlugin, InspectPrintsDescriptorAndRefusesNonPlugins) {
   auto model = test::run_command(test::bin_dir() + "/keel-plugin inspect llama3 --plugin-path " + test::plugin_dir());
   ASSERT_EQ(model.status, 0) << model.output;
   EXPECT_HAS(model.output, "flavor          string   \"debug\"  the named size: tiny, debug, 8b");
-  EXPECT_HAS(model.output, "recompute [extension; modes: full, selective], activation estimate [extension]");
+  EXPECT_HAS(model.output, "recompute [extension; modes: selective, lean, full], activation estimate [extension]");
   EXPECT_HAS(model.output,
              "dim             integer  -        from the flavor: tiny 64, debug 256, 8b 4096; at least 1");
   auto deepseek =
       test::run_command(test::bin_dir() + "/keel-plugin inspect deepseek_v3_mtp --plugin-path " + test::plugin_dir());
   EXPECT_EQ(deepseek.status, 0) << deepseek.output;
-  EXPECT_HAS(deepseek.output, "recompute [extension; modes: full, selective], activation estimate [extension]");
+  EXPECT_HAS(deepseek.output, "recompute [extension; modes: selective, lean, full], activation estimate [extension]");
   EXPECT_HAS(deepseek.output, "pre_clip [capture-safe, replicas only]");
   auto bad =
       test::run_command(test::bin_dir() + "/keel-plugin inspect " + test::test_plugin_dir() + "/not_a_plugin.so");

@@ -390,6 +390,12 @@ TEST(BadLayout, ZeroBubbleWithFullRecomputationIsRefused) {
                  "training.recompute: \"full\" cannot run under parallelism.schedule = \"zb_h1\"");
 }
 
+TEST(BadLayout, ZeroBubbleWithLeanRecomputationIsRefused) {
+  // Lean regions hold weights, as full ones do: no separate weight pass to defer.
+  expect_refused("2", " --set parallelism.pp=2 --set parallelism.schedule=zb_h1 --set training.recompute=lean",
+                 "training.recompute: \"lean\" cannot run under parallelism.schedule = \"zb_h1\"");
+}
+
 TEST(BadLayout, ZeroBubbleVHoldsTwoStagesPerRankOnTwoOrMoreRanks) {
   expect_refused("2", " --set parallelism.pp=2 --set parallelism.schedule=zbv",
                  "parallelism.stages_per_rank: zbv holds 2 stages per rank in a V (set stages_per_rank = 2), got 1");

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "device/autocast.hpp"
 #include "pipeline/split_backward.hpp"
 #include "plugins/components.hpp"
 
@@ -31,16 +32,22 @@ class AllocationCounter : public c10::MemoryReportingInfoBase {
 /// caches. A later stage reads a [batch, seq, dim] activation. With `until_weight_pass`, what
 /// it holds after the input pass of a split backward (split_backward.hpp) too: the saved
 /// tensors the weight pass still needs, the gradients it starts from and the output the
-/// pipeline keeps until then, not the input's gradient, sent on at once. Run it on one thread:
-/// every allocation is then made, and reported, on this one.
+/// pipeline keeps until then, not the input's gradient, sent on at once. With a `compute`
+/// dtype other than fp32 each forward runs under autocast, as the pipeline runs it, held open
+/// over both forwards as over a step's. Run it on one thread: every allocation is then made,
+/// and reported, on this one.
 inline int64_t measured_kept_bytes(ModelPart& part, int64_t batch, int64_t seq, int64_t vocab, int64_t dim,
-                                   bool until_weight_pass = false) {
+                                   bool until_weight_pass = false, at::ScalarType compute = at::kFloat) {
   at::manual_seed(3);
   const at::Tensor tokens = at::randint(vocab, {batch, seq}, at::kLong);
   const at::Tensor labels = at::randint(vocab, {batch, seq}, at::kLong);
   const at::Tensor input = part.spec().stage_index > 0 ? at::randn({batch, seq, dim}).requires_grad_() : at::Tensor();
   const at::Tensor* activation = input.defined() ? &input : nullptr;
-  (void)part.forward(tokens, labels, activation, 0, 1);
+  const AutocastCache step_cache(compute != at::kFloat);
+  {
+    AutocastScope autocast(at::kCPU, compute);
+    (void)part.forward(tokens, labels, activation, 0, 1);
+  }
   // The gradient from the next stage arrives in a buffer of its own, freed after the input pass.
   const bool last = part.spec().stage_index == part.spec().num_stages - 1;
   const at::Tensor grad = last ? at::ones({}) : at::randn({batch, seq, dim});
@@ -49,7 +56,10 @@ inline int64_t measured_kept_bytes(ModelPart& part, int64_t batch, int64_t seq, 
   std::unique_ptr<SplitBackward> split;
   {
     c10::DebugInfoGuard guard(c10::DebugInfoKind::PROFILER_STATE, counter);
-    out = part.forward(tokens, labels, activation, 0, 1);
+    {
+      AutocastScope autocast(at::kCPU, compute);
+      out = part.forward(tokens, labels, activation, 0, 1);
+    }
     if (until_weight_pass) {
       split = std::make_unique<SplitBackward>(out, input);
       const at::Tensor input_grad = split->input_pass(grad);
@@ -70,26 +80,31 @@ struct KeptBytes {
 /// split it into stages), built by `make` and initialised: the model's estimate for a [batch,
 /// seq] microbatch against measured_kept_bytes. With `until_weight_pass`, what is held between
 /// the input and weight passes instead, under the modes the zero-bubble schedules take ("full"
-/// is refused there). Sets one thread while it measures.
+/// is refused there; "lean" likewise). With `compute` bf16, the parts compute under autocast.
+/// Sets one thread while it measures.
 inline std::vector<KeptBytes> estimates_against_kept_bytes(const std::function<std::unique_ptr<Model>()>& make,
                                                            const std::vector<std::vector<keel_part_spec>>& splits,
                                                            int64_t batch, int64_t seq, int64_t vocab, int64_t dim,
-                                                           bool until_weight_pass = false) {
+                                                           bool until_weight_pass = false,
+                                                           at::ScalarType compute = at::kFloat) {
   const int threads = at::get_num_threads();
   at::set_num_threads(1);
   std::vector<KeptBytes> out;
-  const std::pair<const char*, keel_recompute_mode> modes[] = {
-      {"none", KEEL_RECOMPUTE_NONE}, {"full", KEEL_RECOMPUTE_FULL}, {"selective", KEEL_RECOMPUTE_SELECTIVE}};
+  const std::pair<const char*, keel_recompute_mode> modes[] = {{"none", KEEL_RECOMPUTE_NONE},
+                                                               {"full", KEEL_RECOMPUTE_FULL},
+                                                               {"selective", KEEL_RECOMPUTE_SELECTIVE},
+                                                               {"lean", KEEL_RECOMPUTE_LEAN}};
   for (const auto& [mode, abi] : modes)
-    for (const std::vector<keel_part_spec>& split : splits) {
-      if (until_weight_pass && abi == KEEL_RECOMPUTE_FULL) continue;
+    for (std::vector<keel_part_spec> split : splits) {
+      if (until_weight_pass && (abi == KEEL_RECOMPUTE_FULL || abi == KEEL_RECOMPUTE_LEAN)) continue;
       std::unique_ptr<Model> model = make();
       if (abi != KEEL_RECOMPUTE_NONE) model->set_recompute(mode, "training.recompute");
-      for (const keel_part_spec& spec : split) {
+      for (keel_part_spec& spec : split) {
+        if (compute == at::kBFloat16) spec.compute_dtype = KEEL_DTYPE_BF16;
         ModelPart& part = model->build_part(spec);
         part.init_weights(1);
         const double measured =
-            static_cast<double>(measured_kept_bytes(part, batch, seq, vocab, dim, until_weight_pass));
+            static_cast<double>(measured_kept_bytes(part, batch, seq, vocab, dim, until_weight_pass, compute));
         const double estimate = static_cast<double>(model->activation_bytes(spec, batch, seq, abi).value_or(-1));
         out.push_back({mode, spec, estimate, measured});
       }

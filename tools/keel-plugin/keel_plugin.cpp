@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <keel/keel.h>
+#include <keel/recompute_mode.hpp>
 
 #include "common/error.hpp"
 #include "common/text.hpp"
@@ -52,8 +53,8 @@ std::string hooks(const keel_component& c, const keel::ComponentExtensions& exte
     const keel_model_recompute_extension& r = extensions.model_recompute;
     if (r.set_recompute != nullptr) {
       std::vector<std::string> modes;
-      for (const auto& [bit, name] : {std::pair{KEEL_RECOMPUTE_FULL, "full"}, {KEEL_RECOMPUTE_SELECTIVE, "selective"}})
-        if ((r.modes & (1u << static_cast<uint32_t>(bit))) != 0) modes.push_back(name);
+      for (const keel::RecomputeName& n : keel::kRecomputeNames)
+        if (n.mode != keel::Recompute::none && (r.modes & keel::recompute_bit(n.mode)) != 0) modes.emplace_back(n.name);
       out.push_back(keel::cat("recompute [extension; modes: ", keel::join(modes, ", "), "]"));
     }
     if (extensions.model_memory.activation_bytes != nullptr) out.push_back("activation estimate [extension]");

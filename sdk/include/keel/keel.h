@@ -701,8 +701,12 @@ typedef struct keel_model_import_extension {
 typedef enum keel_recompute_mode {
   KEEL_RECOMPUTE_NONE = 0,     /* keep every activation autograd saves                          */
   KEEL_RECOMPUTE_FULL = 1,     /* keep each transformer block's inputs; rerun the block         */
-  KEEL_RECOMPUTE_SELECTIVE = 2 /* keep matrix-product outputs; rerun attention's scores, softmax
-                                * and value product and the element-wise parts                   */
+  KEEL_RECOMPUTE_SELECTIVE = 2, /* keep matrix-product outputs; rerun attention's scores, softmax
+                                 * and value product and the element-wise parts                  */
+  KEEL_RECOMPUTE_LEAN = 3       /* keep block inputs and the residual stream between sub-layers;
+                                 * rerun each sub-layer, norm and residual included (an MoE keeps
+                                 * its normed input and routed rows). Declared by its bit like
+                                 * any mode: no struct changes with it                           */
 } keel_recompute_mode;
 
 /* Activation recomputation (1.6). The host asks for a mode only when the job sets
@@ -712,7 +716,8 @@ typedef enum keel_recompute_mode {
  * such as statistics kept to the first run). */
 typedef struct keel_model_recompute_extension {
   keel_extension base; /* type = KEEL_EXTENSION_MODEL_RECOMPUTE                             */
-  /* The modes implemented, as bits: (1u << KEEL_RECOMPUTE_FULL) | (1u << KEEL_RECOMPUTE_SELECTIVE). */
+  /* The modes implemented, as bits: (1u << KEEL_RECOMPUTE_FULL) | (1u << KEEL_RECOMPUTE_SELECTIVE)
+   * | ...; a mode added later is asked for only of a model that declares its bit. */
   uint32_t modes;
   /* Sets the mode of the parts built after it: called before build_part, with a mode listed
    * in `modes`. [once][setup][train-thread] */

@@ -82,6 +82,18 @@ class AutocastAs {
   AutocastState before_, wanted_;
 };
 
+// Autocast's cache of cast weights off for its lifetime.
+class FreshCasts {
+ public:
+  FreshCasts() : before_(at::autocast::is_autocast_cache_enabled()) { at::autocast::set_autocast_cache_enabled(false); }
+  ~FreshCasts() { at::autocast::set_autocast_cache_enabled(before_); }
+  FreshCasts(const FreshCasts&) = delete;
+  FreshCasts& operator=(const FreshCasts&) = delete;
+
+ private:
+  bool before_;
+};
+
 struct RecomputeClosure : torch::CustomClassHolder {
   std::function<at::Tensor(const std::vector<at::Tensor>&)> fn;
   at::Tensor generator_state;  ///< the CPU generator before the first run
@@ -99,7 +111,10 @@ struct RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
     closure->autocast = AutocastState::now();
     ctx->save_for_backward(inputs.vec());
     ctx->saved_data["closure"] = c10::IValue::make_capsule(closure);
-    // Autograd runs forward() with gradients off: nothing inside fn is kept.
+    // Autograd runs forward() with gradients off: nothing inside fn is kept. A weight autocast
+    // casts here has no gradient function, so it stays out of autocast's cache: met there by a
+    // later forward or by the rerun, it would cut the weight off from its gradient.
+    const FreshCasts fresh;
     return closure->fn(inputs.vec());
   }
 
