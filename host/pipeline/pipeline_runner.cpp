@@ -144,7 +144,11 @@ at::Tensor PipelineRunner::run(const std::vector<at::Tensor>& tokens, const std:
       const Clock::time_point busy = Clock::now();
       {
         AutocastScope autocast(device_, compute_dtype_);
-        f.output = parts_[static_cast<size_t>(chunk)]->forward(t, l, first ? nullptr : &f.input, mb, microbatches);
+        // The part reads a view of its input: autocast caches casts of leaves, and a received
+        // activation freed with its microbatch may leave its address to a later one, which the
+        // step's cache (cast_once) would hand the stale cast. A view is never cached.
+        const at::Tensor input = first ? at::Tensor() : f.input.view_as(f.input);
+        f.output = parts_[static_cast<size_t>(chunk)]->forward(t, l, first ? nullptr : &input, mb, microbatches);
       }
       timing_.busy_seconds += seconds_since(busy);
       if (last) {

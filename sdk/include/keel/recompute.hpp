@@ -136,6 +136,11 @@ struct RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
     {
       at::AutoGradMode with_gradients(true);
       AutocastAs autocast(closure->autocast);
+      // The rerun casts afresh too. Its inputs are leaves that autocast would cache: their
+      // products would then share one cast and sum their gradients below fp32, where the kept
+      // run sums them in fp32; and a leaf freed after the rerun may leave its address to
+      // another, which a cache held over the step would hand the stale cast.
+      const FreshCasts fresh;
       ++recompute_depth;
       try {
         output = closure->fn(inputs);
