@@ -236,7 +236,7 @@ void print_dry_run(const RunOptions& options) {
   std::printf("memory plan, training state per rank (parameters, gradients, AdamW%s, buffers; activations on top):\n",
               config.parallelism.shard_optimizer ? " sharded over dp/edp" : "");
   for (const std::string& l : state_lines_by_rank(state_by_rank)) std::printf("  %s\n", l.c_str());
-  if (config.training.dtype != "fp32") {
+  if (config.training.dtype == "bf16") {
     int64_t most = 0;
     for (const StateBytes& s : state_by_rank) most = std::max(most, cast_weight_bytes(config, s));
     std::printf("  weights cast to %s for the products, once a step: at most %ld B (%s) on a rank\n",

@@ -313,8 +313,8 @@ Block::Block(Declare& d, const std::string& p, const Args& a, int64_t layer, con
 at::Tensor Block::forward(const at::Tensor& x, const SequenceTables& tables) {
   if (args_.recompute != keel::Recompute::lean) {
     at::Tensor h = x + attention_.forward(rms_norm(x, *attention_norm_, args_.norm_eps), tables);
-    return h + (moe_ ? moe_->forward(rms_norm(h, *ffn_norm_, args_.norm_eps))
-                     : mlp_->forward(rms_norm(h, *ffn_norm_, args_.norm_eps)));
+    at::Tensor normed = rms_norm(h, *ffn_norm_, args_.norm_eps);
+    return h + (moe_ ? moe_->forward(normed) : mlp_->forward(normed));
   }
   // Lean recomputation keeps the block's input x and h between the sub-layers and reruns each
   // sub-layer, its norm and residual included, from them; an MoE keeps its norm and normed

@@ -4,6 +4,7 @@
 // must be equal to the byte. Every rank's peak memory reaches the log and metrics.jsonl.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
@@ -222,6 +223,25 @@ TEST(MemoryPlan, ARankThatWillNotFitIsWarnedOf) {
             std::string::npos)
       << roomy.output;
   EXPECT_EQ(roomy.output.find("WARNING"), std::string::npos) << roomy.output;
+}
+
+TEST(MemoryPlan, Bf16CountsOneCastOfEachRanksWeights) {
+  // Under bf16 the products read one cast of each weight a step (shared by the microbatches):
+  // at most half the largest rank's fp32 parameter bytes, named and counted in the verdict.
+  test::TempDir dir;
+  auto fp32 = dry_run(dir, " --set training.device_memory_gb=80");
+  ASSERT_EQ(fp32.status, 0) << fp32.output;
+  EXPECT_EQ(fp32.output.find("weights cast to"), std::string::npos) << fp32.output;
+  auto bf16 = dry_run(dir, " --set training.device_memory_gb=80 --set training.dtype=\\\"bf16\\\"");
+  ASSERT_EQ(bf16.status, 0) << bf16.output;
+  int64_t parameters = 0;
+  for (const std::string& line : lines_after(bf16.output, ": parameters "))
+    parameters = std::max<int64_t>(parameters, std::stoll(line));
+  const std::vector<std::string> cast =
+      lines_after(bf16.output, "weights cast to bf16 for the products, once a step: ");
+  ASSERT_EQ(cast.size(), 1u) << bf16.output;
+  EXPECT_GT(parameters, 0) << bf16.output;
+  EXPECT_EQ(number_after(cast[0], "at most "), parameters / 2) << cast[0];
 }
 
 }  // namespace

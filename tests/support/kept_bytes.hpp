@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
+#include <keel/recompute_mode.hpp>
 
 #include <cstdint>
 #include <functional>
@@ -90,12 +91,10 @@ inline std::vector<KeptBytes> estimates_against_kept_bytes(const std::function<s
   const int threads = at::get_num_threads();
   at::set_num_threads(1);
   std::vector<KeptBytes> out;
-  const std::pair<const char*, keel_recompute_mode> modes[] = {{"none", KEEL_RECOMPUTE_NONE},
-                                                               {"full", KEEL_RECOMPUTE_FULL},
-                                                               {"selective", KEEL_RECOMPUTE_SELECTIVE},
-                                                               {"lean", KEEL_RECOMPUTE_LEAN}};
-  for (const auto& [mode, abi] : modes)
+  for (const keel::RecomputeName& name : keel::kRecomputeNames)
     for (std::vector<keel_part_spec> split : splits) {
+      const std::string mode(name.name);
+      const auto abi = static_cast<keel_recompute_mode>(name.mode);
       if (until_weight_pass && (abi == KEEL_RECOMPUTE_FULL || abi == KEEL_RECOMPUTE_LEAN)) continue;
       std::unique_ptr<Model> model = make();
       if (abi != KEEL_RECOMPUTE_NONE) model->set_recompute(mode, "training.recompute");

@@ -699,8 +699,8 @@ typedef struct keel_model_import_extension {
 
 /* What a model recomputes in backward instead of keeping from forward (1.6). */
 typedef enum keel_recompute_mode {
-  KEEL_RECOMPUTE_NONE = 0,     /* keep every activation autograd saves                          */
-  KEEL_RECOMPUTE_FULL = 1,     /* keep each transformer block's inputs; rerun the block         */
+  KEEL_RECOMPUTE_NONE = 0,      /* keep every activation autograd saves                          */
+  KEEL_RECOMPUTE_FULL = 1,      /* keep each transformer block's inputs; rerun the block         */
   KEEL_RECOMPUTE_SELECTIVE = 2, /* keep matrix-product outputs; rerun attention's scores, softmax
                                  * and value product and the element-wise parts                  */
   KEEL_RECOMPUTE_LEAN = 3       /* keep block inputs and the residual stream between sub-layers;
