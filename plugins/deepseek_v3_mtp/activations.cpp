@@ -97,8 +97,9 @@ class Counter {
   // The query and key-value projections keep their (normed) input; the attention core keeps
   // (selective) only its operands; materialised, copies of its operands as batched matrix
   // products lay them out and the fp32 probabilities (and their cast copy below fp32); fused,
-  // the kernel's concatenated query and key, its values and its output (both zero-padded to the
-  // query's head size on CPU) and an fp32 log-sum-exp per row and head. The output projection
+  // the kernel's concatenated query and key, its values and its output (on LibTorch's kernels
+  // both zero-padded to the query's head size on CPU, and an fp32 log-sum-exp per row and head;
+  // keel::cpu_causal_attention, fp32 on CPU, keeps no more than the operands). The output projection
   // keeps its input. The rope parts are fp32 (the tables are). The causal mask is the part's,
   // built once per length.
   double attention() const {
@@ -114,6 +115,11 @@ class Counter {
     if (mode_ == keel::Recompute::selective) {
       bytes += t * h * (nope + rope) * e /* q */ + t * h * (nope + v) * e /* kv */ +
                t * h * rope * kFloat /* roped q */ + t * rope * kFloat /* roped k */ + kRecomputeCallBytes;
+    } else if (fused_ && cpu_ && !cast_) {
+      // keel::cpu_causal_attention: its query, key and values; its output is the output
+      // projection's input.
+      bytes += 2 * t * h * (nope + rope) * e + t * h * v * e;
+      return bytes + t * h * v * e;
     } else if (fused_) {
       const double qk = nope + rope, value = cpu_ ? std::max(qk, v) : v;
       bytes += 2 * t * h * qk * e /* query, key */ + 2 * t * h * value * e /* v, output */ + t * h * kFloat /* lse */;

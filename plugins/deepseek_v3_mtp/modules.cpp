@@ -57,9 +57,10 @@ at::Tensor Attention::forward(const at::Tensor& x, const SequenceTables& tables)
     // The fused kernel keeps O(s) per head: one query and key of both parts, the rope key
     // copied to every head; under document masking, one call per run of documents.
     const std::optional<keel::DocumentRuns> runs = tables.runs;
+    // Concatenated as [b, h, s, d], the layout the CPU kernel reads.
     core = [scale, b, s, h, runs](const std::vector<at::Tensor>& t) {
-      at::Tensor query = at::cat({t[0], t[2]}, -1).transpose(1, 2);
-      at::Tensor key = at::cat({t[1], t[3].expand({b, s, h, t[3].size(-1)})}, -1).transpose(1, 2);
+      at::Tensor query = at::cat({t[0].transpose(1, 2), t[2].transpose(1, 2)}, -1);
+      at::Tensor key = at::cat({t[1].transpose(1, 2), t[3].expand({b, s, h, t[3].size(-1)}).transpose(1, 2)}, -1);
       at::Tensor value = t[4].transpose(1, 2);
       return runs ? keel::block_causal_attention(query, key, value, *runs, scale)
                   : keel::causal_attention(query, key, value, scale);

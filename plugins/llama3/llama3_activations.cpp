@@ -19,14 +19,15 @@ constexpr double kFloat = 4, kIndex = 8;
 // more than double's precision; the result saturates.
 class Counter {
  public:
-  Counter(const Args& a, int64_t batch, int64_t seq, double element, keel::Recompute mode, bool fused)
+  Counter(const Args& a, int64_t batch, int64_t seq, double element, keel::Recompute mode, bool fused, bool cpu)
       : a_(a),
         batch_(static_cast<double>(batch)),
         seq_(static_cast<double>(seq)),
         tokens_(batch_ * seq_),
         element_(element),
         mode_(mode),
-        fused_(fused) {}
+        fused_(fused),
+        keel_kernel_(cpu && element == kFloat && seq >= keel::kCpuFusedAttentionFrom) {}
 
   double tokens() const { return tokens_; }
   double hidden() const { return tokens_ * static_cast<double>(a_.dim) * element_; }
@@ -48,16 +49,16 @@ class Counter {
   // row; its output is kept by the projections that read it.
   double norm() const { return 2 * hidden() + tokens_ * kFloat; }
 
-  // A fused kernel keeps its roped q and k, v, its output and the fp32 log-sum-exp per row and
-  // head; the math path keeps q and k scaled, k and v repeated to every query head, the
-  // probabilities and its output (the output projection's input). Selective recomputation
-  // keeps q, k, v (the core's inputs) and the output.
+  // A fused kernel keeps its roped q and k, v, its output and (LibTorch's) the fp32 log-sum-exp
+  // per row and head, which keel::cpu_causal_attention (fp32 on CPU) does without; the math path keeps q and k scaled,
+  // k and v repeated to every query head, the probabilities and its output (the output projection's input). Selective
+  // recomputation keeps q, k, v (the core's inputs) and the output.
   double attention() const {
     const double head_dim = static_cast<double>(a_.head_dim());
     const double q = tokens_ * static_cast<double>(a_.n_heads) * head_dim * element_;
     const double kv = tokens_ * static_cast<double>(a_.n_kv_heads) * head_dim * element_;
     if (mode_ == keel::Recompute::selective) return q + 2 * kv + q + kRecomputeCallBytes;
-    if (fused_) return q + 2 * kv + q + tokens_ * static_cast<double>(a_.n_heads) * kFloat;
+    if (fused_) return q + 2 * kv + q + (keel_kernel_ ? 0 : tokens_ * static_cast<double>(a_.n_heads) * kFloat);
     return 3 * q + batch_ * static_cast<double>(a_.n_heads) * seq_ * seq_ * element_ + q;
   }
 
@@ -71,6 +72,7 @@ class Counter {
   double batch_, seq_, tokens_, element_;
   keel::Recompute mode_;
   bool fused_;
+  bool keel_kernel_;  // the core on keel::cpu_causal_attention
 };
 
 }  // namespace
@@ -94,7 +96,8 @@ bool fused_attention(const Args& args, const keel_part_spec& spec) {
 int64_t activation_bytes(const Args& args, const keel_part_spec& spec, int64_t batch, int64_t seq,
                          keel::Recompute mode) {
   const double element = spec.compute_dtype == KEEL_DTYPE_FP32 ? 4 : 2;
-  const Counter count(args, batch, seq, element, mode, fused_attention(args, spec));
+  const Counter count(args, batch, seq, element, mode, fused_attention(args, spec),
+                      spec.device_type != KEEL_DEVICE_CUDA);
   const bool first = spec.stage_index == 0, last = spec.stage_index == spec.num_stages - 1;
   double bytes = count.hidden();                // the part's output, kept for its backward
   if (first) bytes += count.tokens() * kIndex;  // the embedding's indices

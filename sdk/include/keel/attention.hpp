@@ -11,13 +11,17 @@
 // attention's, in the order of the kernel's own sums); on CUDA the memory-efficient and cuDNN
 // kernels take both sizes as they are (flash does not, so LibTorch passes it over).
 //
-// Below several hundred positions a materialised product is faster on CPU (its scores then
-// stay in cache, and the fused kernel's per-block work costs more than it saves): a model
-// keeps its own materialised path there and asks fused_attention_pays() which one to take.
+// On CPU in fp32, causal_attention runs keel::cpu_causal_attention instead (keel/
+// cpu_attention.hpp): blocks of query rows on oneDNN, without the padding, in 0.8 x the time of
+// LibTorch's kernel at 1024 and 2048 positions. Below several hundred positions a materialised product is
+// faster still on CPU (its scores then stay in cache, and the blocks' per-call work costs more
+// than it saves): a model keeps its own materialised path there and asks fused_attention_pays()
+// which one to take.
 #pragma once
 
 #include <ATen/ATen.h>
 #include <ATen/SDPBackend.h>
+#include <keel/cpu_attention.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -28,13 +32,13 @@
 
 namespace keel {
 
-/// From this many positions fp32 CPU attention runs fused. Measured with
-/// tools/bench/attention_crossover.py on DeepSeek-V3 debug's layer (16 heads, query/key heads
+/// From this many positions fp32 CPU attention runs fused (keel::cpu_causal_attention).
+/// Measured with keel-bench-attention on DeepSeek-V3 debug's layer (16 heads, query/key heads
 /// 192, value heads 128; forward and backward; 2 threads of an AMD EPYC, Zen 4, AVX-512,
-/// 32 MiB L3; medians of 3 alternating rounds): fused / materialised time 1.31 at 8 x 64, 1.60
-/// at 1 x 64, 1.23 at 1 x 256, 1.22 at 1 x 512, 0.98 at 1 x 640, 0.56 at 1 x 768, 0.51 at
-/// 1 x 1024, 0.42 at 1 x 2048. The materialised product wins while its [h, s, s] scores stay
-/// in the last-level cache; a CPU with a smaller cache crosses over earlier.
+/// 32 MiB L3; medians of 3 alternating rounds): blocked / materialised time 2.42 at 8 x 64,
+/// 4.27 at 1 x 64, 1.49 at 1 x 256, 1.14 at 1 x 384, 1.26 at 1 x 512, 1.00 at 1 x 640, 0.67 at
+/// 1 x 768, 0.43 at 1 x 1024, 0.32 at 1 x 2048. The materialised product wins while its
+/// [h, s, s] scores stay in the last-level cache; a CPU with a smaller cache crosses over earlier.
 inline constexpr int64_t kCpuFusedAttentionFrom = 640;
 
 /// Whether attention over `seq` positions on `device` should take the fused kernel: always
@@ -98,11 +102,15 @@ inline at::Tensor fused_sdpa(const at::Tensor& q, const at::Tensor& k, const at:
 }  // namespace detail
 
 /// Causal attention, softmax(q k^T scale + causal mask) v: q [b, h, s, d_qk], k [b, h_kv, s,
-/// d_qk], v [b, h_kv, s, d_v] (h a multiple of h_kv) gives [b, h, s, d_v], through LibTorch's
-/// fused kernels (see the file comment for head sizes that differ). `scale` defaults to
-/// d_qk^-1/2, LibTorch's.
+/// d_qk], v [b, h_kv, s, d_v] (h a multiple of h_kv) gives [b, h, s, d_v], O(s) memory: on
+/// keel::cpu_causal_attention where it takes the operands (fp32 CPU) from kCpuFusedAttentionFrom
+/// positions, else on LibTorch's fused kernels (see the file comment for head sizes that
+/// differ). `scale` defaults to d_qk^-1/2.
 inline at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    std::optional<double> scale = std::nullopt) {
+  // Below the crossover LibTorch's kernel is at least as fast (keel-bench-attention).
+  if (cpu_causal_attention_takes(q, k, v) && q.size(2) >= kCpuFusedAttentionFrom)
+    return cpu_causal_attention(q, k, v, scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1)))));
   return detail::fused_sdpa(q, k, v, std::nullopt, scale);
 }
 
@@ -183,8 +191,8 @@ inline at::Tensor block_causal_attention(const at::Tensor& q, const at::Tensor& 
   outs.reserve(qs.size());
   for (size_t i = 0; i < qs.size(); ++i) {
     const at::Tensor& mask = runs.masks[i];
-    at::Tensor out = detail::fused_sdpa(as_heads(qs[i]), as_heads(ks[i]), as_heads(vs[i]),
-                                        mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt, scale);
+    at::Tensor out = mask.defined() ? detail::fused_sdpa(as_heads(qs[i]), as_heads(ks[i]), as_heads(vs[i]), mask, scale)
+                                    : causal_attention(as_heads(qs[i]), as_heads(ks[i]), as_heads(vs[i]), scale);
     outs.push_back(out.squeeze(0).transpose(0, 1));
   }
   return at::cat(outs).view({batch, seq, heads, v.size(-1)}).transpose(1, 2);
