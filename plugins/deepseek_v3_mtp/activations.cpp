@@ -115,7 +115,7 @@ class Counter {
     if (mode_ == keel::Recompute::selective) {
       bytes += t * h * (nope + rope) * e /* q */ + t * h * (nope + v) * e /* kv */ +
                t * h * rope * kFloat /* roped q */ + t * rope * kFloat /* roped k */ + kRecomputeCallBytes;
-    } else if (fused_ && cpu_ && !cast_) {
+    } else if (fused_ && cpu_ && !cast_ && seq_ >= static_cast<double>(keel::kCpuFusedAttentionFrom)) {
       // keel::cpu_causal_attention: its query, key and values; its output is the output
       // projection's input.
       bytes += 2 * t * h * (nope + rope) * e + t * h * v * e;
