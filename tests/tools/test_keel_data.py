@@ -1,24 +1,28 @@
 """keel-data build --tokenizer: ids equal the tokenizers library's own encoding, the header
 records vocabulary, EOS id and documents, the output is deterministic, bad input is refused.
 
-  python3 tests/tools/test_keel_data.py BIN_DIR PLUGIN_DIR WORK_DIR
+  python3 tests/tools/test_keel_data.py BIN_DIR PLUGIN_DIR WORK_DIR [--hostile-only]
 
 Trains a small byte-level BPE tokenizer.json with `tokenizers` on a corpus written here, builds
 token files from plain text and JSONL with keel-data, parses each header here, and compares
 every document's ids with `Tokenizer.encode(doc, add_special_tokens=False).ids` + [EOS], with
 encode_special_tokens set (special-token text in a document is text: one EOS per document; the
 ids of other documents are checked equal to the default encoding). A file keel-data wrote then
-trains the tiny llama3 for two steps. Exits 0 when every check holds;
-prints each failed check and exits 1 otherwise.
+trains the tiny llama3 for two steps. Hostile tokenizer files and inputs (deep JSON, a FIFO or a
+folder in place of a file, a pre-tokenizer regex the library panics on) are each refused within
+seconds in one line naming the file, through keel-data and, where keel-data itself would not
+reach the tokenizer step, by keel_tokenize.py run directly (--hostile-only runs just these).
+Exits 0 when every check holds; prints each failed check and exits 1 otherwise.
 """
 import json
 import os
 import shutil
+import signal
 import struct
 import subprocess
 import sys
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 SPECIALS = ["<|endoftext|>", "<pad>", "<|eos|>"]
 # Multi-byte UTF-8, a tab, a carriage return and leading spaces: text a byte-level BPE splits in
@@ -43,6 +47,100 @@ def make_tokenizer(path, specials):
     return Tokenizer.from_file(path)
 
 
+def run_bounded(command, merge=True, env=None):
+    """`command` run to its end, its output as text (standard error merged unless `merge` is
+    false). A run still going after 60 s is killed with its children (keel_tokenize.py waiting
+    on a FIFO must not hang the test) and reads as exit status None."""
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT if merge else subprocess.PIPE,
+                          text=True, errors="replace", start_new_session=True, env=env) as p:
+        try:
+            out, err = p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            out, err = p.communicate()
+            return subprocess.CompletedProcess(command, None, out + "\n(killed: still running after 60 s)", err)
+    return subprocess.CompletedProcess(command, p.returncode, out, err)
+
+
+def check_hostile_inputs(keel_data, script, work, tokenizer_json, check):
+    """Hostile tokenizer files and inputs: each refused with exit status 2 in one line naming the
+    file and what pointed at it (keel-data adds one line saying the output was not written), no
+    traceback, no Rust panic report, within seconds."""
+    os.makedirs(work)
+
+    def path(name):
+        return os.path.join(work, name)
+
+    def refused(r, output, why, lines, what):
+        check(r.returncode == 2 and why in output, f"{what}: exit {r.returncode}, expected 2 with {why!r}: "
+                                                   f"{output[-2000:]}")
+        check("Traceback" not in output and "panicked" not in output,
+              f"{what}: a traceback or panic report instead of a message: {output[-2000:]}")
+        check(output.count("\n") == lines, f"{what}: {output.count(chr(10))} lines, expected {lines}: {output[-2000:]}")
+
+    def build(tokenizer, inputs, what, why, env=None):
+        r = run_bounded([keel_data, "build", "--tokenizer", tokenizer, "--input", *inputs, "--output",
+                         path("hostile.tok")], env=env)
+        refused(r, r.stdout, why, 2, what)
+        check(not os.path.exists(path("hostile.tok")), f"{what}: a token file was written")
+
+    def tokenize(tokenizer, inputs, what, why):
+        """keel_tokenize.py by itself, where keel-data does not start it for this input."""
+        r = run_bounded([sys.executable, script, "--tokenizer", tokenizer, "--", *inputs], merge=False)
+        refused(r, r.stderr, why, 1, what)
+
+    document = path("one.jsonl")
+    with open(document, "w") as f:
+        f.write('{"text": "a"}\n')
+
+    def beside(name, make_config):
+        """A copy of the tokenizer in its own folder, `make_config` making its tokenizer_config.json."""
+        os.makedirs(path(name))
+        shutil.copy(tokenizer_json, path(name))
+        make_config(os.path.join(path(name), "tokenizer_config.json"))
+        return os.path.join(path(name), "tokenizer.json")
+
+    def write_deep(config):
+        with open(config, "w") as f:
+            f.write('{"eos_token": ' + "[" * 100000 + "]" * 100000 + "}")
+
+    build(beside("deep_config", write_deep), [document], "tokenizer_config.json nested 100000 deep",
+          "tokenizer_config.json: not a JSON value: nested too deeply")
+    build(beside("fifo_config", os.mkfifo), [document], "tokenizer_config.json a FIFO",
+          "tokenizer_config.json: a FIFO, not a regular file (the tokenizer_config.json beside --tokenizer)")
+    build(beside("folder_config", os.makedirs), [document], "tokenizer_config.json a folder",
+          "tokenizer_config.json: a folder, not a regular file (the tokenizer_config.json beside --tokenizer)")
+    os.makedirs(path("folder_tokenizer/tokenizer.json"))
+    build(path("folder_tokenizer/tokenizer.json"), [document], "tokenizer.json a folder",
+          "tokenizer.json: a folder, not a regular file (--tokenizer)")
+    # keel-data itself waits opening a FIFO given as --tokenizer, and refuses one given as
+    # --input: the tokenizer step's own refusal is checked by running it directly.
+    os.makedirs(path("fifo_tokenizer"))
+    os.mkfifo(path("fifo_tokenizer/tokenizer.json"))
+    tokenize(path("fifo_tokenizer/tokenizer.json"), [document], "tokenizer.json a FIFO (the step alone)",
+             "tokenizer.json: a FIFO, not a regular file (--tokenizer)")
+    os.mkfifo(path("fifo.jsonl"))
+    tokenize(tokenizer_json, [document, path("fifo.jsonl")], "input a FIFO (the step alone)",
+             "fifo.jsonl: a FIFO, not a regular file (--input)")
+    os.makedirs(path("folder.txt"))
+    tokenize(tokenizer_json, [path("folder.txt")], "input a folder (the step alone)",
+             "folder.txt: a folder, not a regular file (--input)")
+
+    # A pre-tokenizer regex that backtracks past Oniguruma's retry limit on one document: the
+    # library panics (pyo3's PanicException, a BaseException), printing a report and, under
+    # RUST_BACKTRACE, a stack.
+    os.makedirs(path("panic"))
+    panicky = Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    panicky.pre_tokenizer = pre_tokenizers.Split(Regex("(a|aa)*c"), behavior="isolated")
+    panicky.add_special_tokens(["<|endoftext|>"])
+    panicky.save(path("panic/tokenizer.json"))
+    with open(path("panic.jsonl"), "w") as f:
+        f.write(json.dumps({"text": "fine"}) + "\n" + json.dumps({"text": "b" + "a" * 40 + "b c"}) + "\n")
+    build(path("panic/tokenizer.json"), [path("panic.jsonl")], "regex past its retry limit",
+          "panic.jsonl:2: the tokenizer cannot encode this document: PanicException",
+          env=dict(os.environ, RUST_BACKTRACE="1"))
+
+
 def read_token_file(path):
     """(header fields, token ids) of a KEELTOK2 file, parsed here independently of Keel."""
     with open(path, "rb") as f:
@@ -58,7 +156,10 @@ def read_token_file(path):
 
 def main():
     bin_dir, plugin_dir, work = sys.argv[1:4]
+    hostile_only = sys.argv[4:] == ["--hostile-only"]
     keel_data = os.path.join(bin_dir, "keel-data")
+    # Where keel-data finds its tokenizer step (tokenizer_process.cpp), in the build and install trees.
+    script = os.path.join(bin_dir, os.pardir, "share", "keel", "keel_tokenize.py")
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     failures = []
@@ -71,7 +172,13 @@ def main():
         return os.path.join(work, name)
 
     def build(*args):
-        return subprocess.run([keel_data, "build", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        return run_bounded([keel_data, "build", *args])
+
+    def finish():
+        for f in failures:
+            print("FAILED:", f)
+        print(f"keel-data: {'all checks passed' if not failures else f'{len(failures)} check(s) failed'}")
+        sys.exit(1 if failures else 0)
 
     def write(name, text):
         with open(path(name), "w", encoding="utf-8", newline="") as f:
@@ -108,6 +215,9 @@ def main():
     tokenizer_json = path("tokenizer.json")
     tokenizer = make_tokenizer(tokenizer_json, SPECIALS)
     endoftext = tokenizer.token_to_id("<|endoftext|>")
+    if hostile_only:
+        check_hostile_inputs(keel_data, script, path("hostile"), tokenizer_json, check)
+        finish()
 
     # Special-token text inside a document is text: one EOS id per document, at its end.
     specials_jsonl = write("specials.jsonl", '{"text": "hello <|endoftext|> world"}\n{"text": "<|endoftext|>"}\n'
@@ -231,6 +341,7 @@ def main():
 
     r = build("--tokenizer", tokenizer_json, "--input", txt, "--output", no_eos_dir)
     check(r.returncode == 2 and "is a folder" in r.stdout, f"output is a folder: exit {r.returncode}: {r.stdout}")
+    check_hostile_inputs(keel_data, script, path("hostile"), tokenizer_json, check)
 
     # A tokenized file trains (the tiny llama3, its vocabulary raised to the tokenizer's).
     if os.path.exists(path("mixed.tok")):
@@ -256,11 +367,7 @@ path = "{path("mixed.tok")}"
         check(train.returncode == 0, f"training on the token file: exit {train.returncode}: {train.stdout[-2000:]}")
         check(f"EOS id {endoftext}, {len(jsonl_docs) + 1} documents" in train.stdout,
               f"the run does not describe the file's EOS id and documents: {train.stdout[-2000:]}")
-
-    for f in failures:
-        print("FAILED:", f)
-    print(f"keel-data: {'all checks passed' if not failures else f'{len(failures)} check(s) failed'}")
-    sys.exit(1 if failures else 0)
+    finish()
 
 
 if __name__ == "__main__":

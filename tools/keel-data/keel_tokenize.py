@@ -17,15 +17,21 @@ Output (little-endian), a stream of records after one header:
   'B'      u32 documents n, u32 token count of each, then every document's ids as u32
   'P'      u64 input bytes consumed so far (all files)
   'Z'      u64 documents in all: the input was read to its end
-Bad input: one line on stderr naming the file (and line), exit status 2, no 'Z'. Whatever goes wrong
-reading or parsing one line (a JSON value nested too deeply for the parser, say) is bad input at
-that line; any other failure is the tool's own: a traceback and exit status 1.
+Bad input: one line on stderr naming the file (and line), exit status 2, no 'Z'. Every file is
+opened through open_input (a FIFO, folder or device is refused, never waited on); whatever goes
+wrong reading or parsing one (a JSON value nested too deeply for the parser, say) is bad input
+there, and so is whatever the tokenizers library raises loading the tokenizer or encoding a
+document (a Rust panic included: a pre-tokenizer regex exhausting its retry limit). Any other
+failure is the tool's own: a traceback and exit status 1.
 """
 import argparse
+import contextlib
 import json
 import os
+import stat
 import struct
 import sys
+import tempfile
 from array import array
 
 # The end-of-document tokens of common tokenizer families, tried in this order when neither
@@ -41,10 +47,109 @@ JSONL_SUFFIXES = (".jsonl", ".ndjson")
 # with a byte-level BPE, so a file this large gets a warning.
 LARGE_DOCUMENT = 64 << 20
 MEMORY_PER_BYTE = 150
+# Far above any published tokenizer.json (tens of MB) or tokenizer_config.json (kilobytes); a
+# larger file is not one, and reading it whole could take any amount of memory.
+MAX_TOKENIZER_BYTES = 1 << 30
+MAX_CONFIG_BYTES = 64 << 20
+# keel-data refuses a header whose EOS token is longer (tokenizer_process.cpp).
+MAX_EOS_BYTES = 4096
+# Exceptions that stop the tool rather than report a failure of the library's work.
+NOT_FAILURES = (KeyboardInterrupt, SystemExit, GeneratorExit)
 
 
 class BadInput(Exception):
-    pass
+    """The input's fault, not the tool's: reported in one line, exit status 2."""
+
+
+def open_input(path, key, missing_ok=False):
+    """`path` opened for binary reading, refused unless it is a regular file; None for a missing
+    file when `missing_ok`. `key` names what pointed at the file, for the message."""
+    try:  # without O_NONBLOCK, opening a FIFO would wait for a writer, forever
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        if missing_ok:
+            return None
+        raise BadInput(f"{path}: no such file ({key})")
+    except OSError as e:
+        raise BadInput(f"{path}: cannot open ({key}): {e.strerror}")
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise BadInput(f"{path}: {file_kind(mode)}, not a regular file ({key})")
+    return os.fdopen(fd, "rb")
+
+
+def file_kind(mode):
+    kinds = [(stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")]
+    return next((name for test, name in kinds if test(mode)), "not a file")
+
+
+def read_input(path, key, limit, missing_ok=False):
+    """The bytes of a whole input file, refused beyond `limit` bytes (see open_input)."""
+    f = open_input(path, key, missing_ok)
+    if f is None:
+        return None
+    with f:
+        try:
+            data = f.read(limit + 1)
+        except OSError as e:
+            raise BadInput(f"{path}: cannot read ({key}): {e.strerror}")
+    if len(data) > limit:
+        raise BadInput(f"{path}: larger than {limit >> 20} MiB ({key})")
+    return data
+
+
+def parse_json(data, where):
+    """The JSON value of `data`; whatever the parser cannot read is bad input at `where`."""
+    try:
+        return json.loads(data)
+    except UnicodeDecodeError as e:
+        raise BadInput(f"{where}: not UTF-8 ({e.reason} at byte {e.start})")
+    except RecursionError:  # the json module recurses once per nesting level
+        raise BadInput(f"{where}: not a JSON value: nested too deeply")
+    except ValueError as e:  # a syntax error, or an integer of more than 4300 digits
+        raise BadInput(f"{where}: not a JSON value: {e}")
+
+
+def described(error):
+    """A library's exception as one line of a message: Rust errors span lines, and can be long."""
+    text = " ".join(f"{type(error).__name__}: {error}".split())
+    return text if len(text) <= 300 else text[:300] + "..."
+
+
+@contextlib.contextmanager
+def library_stderr_held():
+    """Standard error goes to a file while the library runs: a Rust panic prints its report (a
+    stack too, under RUST_BACKTRACE) before it reaches Python as an exception, and the user is
+    to get one line. What the library printed is passed on when the call returns."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        returned = False
+        try:
+            yield
+            returned = True
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            if returned and held.tell():
+                held.seek(0)
+                sys.stderr.buffer.write(held.read())
+                sys.stderr.flush()
+
+
+def library(what, function, *args, **kwargs):
+    """`function(*args, **kwargs)` of the tokenizers library; what it raises is bad input, `what`
+    saying where. A Rust panic arrives as pyo3's PanicException, a BaseException."""
+    try:
+        with library_stderr_held():
+            return function(*args, **kwargs)
+    except NOT_FAILURES:
+        raise
+    except BaseException as e:
+        raise BadInput(f"{what}: {described(e)}")
 
 
 def json_kind(value):
@@ -60,13 +165,10 @@ def line_of(data, offset):
 def eos_from_config(tokenizer_path):
     """The eos_token of tokenizer_config.json next to tokenizer.json, if that file names one."""
     path = os.path.join(os.path.dirname(os.path.abspath(tokenizer_path)), "tokenizer_config.json")
-    if not os.path.exists(path):
+    data = read_input(path, "the tokenizer_config.json beside --tokenizer", MAX_CONFIG_BYTES, missing_ok=True)
+    if data is None:
         return None
-    try:
-        with open(path, encoding="utf-8") as f:
-            config = json.load(f)
-    except (OSError, ValueError) as e:
-        raise BadInput(f"{path}: {e}")
+    config = parse_json(data, path)
     eos = config.get("eos_token") if isinstance(config, dict) else None
     if isinstance(eos, dict):
         eos = eos.get("content")
@@ -96,7 +198,7 @@ def resolve_eos(tokenizer, tokenizer_path, requested):
 
 def numbered_lines(path):
     """Yields ("FILE:LINE", the line's bytes) for each line of a file; a failed read is bad input there."""
-    with open(path, "rb") as f:
+    with open_input(path, "--input") as f:
         number = 0
         while True:
             number += 1
@@ -110,9 +212,9 @@ def numbered_lines(path):
 
 
 def jsonl_documents(path, field):
-    """Yields (text or None, bytes consumed in this file) for each line of a JSONL file."""
+    """Yields (where, text or None, bytes consumed in this file) for each line of a JSONL file."""
     for where, raw in numbered_lines(path):
-        yield (jsonl_text(raw, where, field) if raw.strip() else None), len(raw)
+        yield where, (jsonl_text(raw, where, field) if raw.strip() else None), len(raw)
 
 
 def jsonl_text(raw, where, field):
@@ -121,19 +223,12 @@ def jsonl_text(raw, where, field):
         return parse_jsonl_line(raw, where, field)
     except BadInput:
         raise
-    except RecursionError:  # the json module recurses once per nesting level
-        raise BadInput(f"{where}: not a JSON value: nested too deeply")
     except Exception as e:  # e.g. MemoryError: the line, not the tool, is at fault
         raise BadInput(f"{where}: cannot read the line: {type(e).__name__}: {e}")
 
 
 def parse_jsonl_line(raw, where, field):
-    try:
-        record = json.loads(raw)
-    except UnicodeDecodeError as e:
-        raise BadInput(f"{where}: not UTF-8 ({e.reason} at byte {e.start} of the line)")
-    except ValueError as e:
-        raise BadInput(f"{where}: not a JSON value: {e}")
+    record = parse_json(raw, where)
     if not isinstance(record, dict):
         raise BadInput(f"{where}: {json_kind(record)}, not a JSON object with a {field!r} string")
     if field not in record:
@@ -149,13 +244,14 @@ def parse_jsonl_line(raw, where, field):
 
 
 def text_documents(path, split):
-    """Yields (text or None, bytes consumed in this file) for a plain-text file's documents."""
+    """Yields (where, text or None, bytes consumed in this file) for a plain-text file's documents."""
     if split == "file":
-        yield whole_file(path), os.path.getsize(path)
+        text, size = whole_file(path)
+        yield path, text, size
         return
     # Line by line, so a large file streams: a document is a non-blank line, or a paragraph
     # (lines that are not blank, up to a blank line or the end), without its final line break.
-    paragraph = []
+    paragraph, first = [], None
     for where, raw in numbered_lines(path):
         try:
             line = raw.decode("utf-8")
@@ -163,30 +259,62 @@ def text_documents(path, split):
             raise BadInput(f"{where}: not UTF-8 ({e.reason} at byte {e.start} of the line)")
         blank = not line.strip()
         if split == "line":
-            yield (None if blank else line.rstrip("\r\n")), len(raw)
+            yield where, (None if blank else line.rstrip("\r\n")), len(raw)
         elif not blank:
+            first = first if paragraph else where
             paragraph.append(line)
-            yield None, len(raw)
+            yield where, None, len(raw)
         else:
-            yield ("".join(paragraph).rstrip("\r\n") if paragraph else None), len(raw)
+            yield first, ("".join(paragraph).rstrip("\r\n") if paragraph else None), len(raw)
             paragraph = []
     if paragraph:
-        yield "".join(paragraph).rstrip("\r\n"), 0
+        yield first, "".join(paragraph).rstrip("\r\n"), 0
 
 
 def whole_file(path):
-    """A plain-text file as one document: its exact text."""
-    size = os.path.getsize(path)
-    if size > LARGE_DOCUMENT:
-        print(f"keel-data: warning: {path} is one document of {size / 1e6:.0f} MB; the library encodes a document "
-              f"whole, at about {MEMORY_PER_BYTE} bytes of memory per byte of text (--text-split paragraph, or "
-              "JSONL, makes smaller documents)", file=sys.stderr)
-    with open(path, "rb") as f:
-        data = f.read()
+    """A plain-text file as one document: its exact text, and its size."""
+    with open_input(path, "--input") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > LARGE_DOCUMENT:
+            print(f"keel-data: warning: {path} is one document of {size / 1e6:.0f} MB; the library encodes a "
+                  f"document whole, at about {MEMORY_PER_BYTE} bytes of memory per byte of text (--text-split "
+                  "paragraph, or JSONL, makes smaller documents)", file=sys.stderr)
+        try:
+            data = f.read()
+        except OSError as e:
+            raise BadInput(f"{path}: cannot read: {e.strerror or e}")
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8"), len(data)
     except UnicodeDecodeError as e:
         raise BadInput(f"{path}:{line_of(data, e.start)}: not UTF-8 ({e.reason} at byte {e.start})")
+
+
+def load_tokenizer(path, tokenizer_class):
+    """The tokenizer of a tokenizer.json, read here (not by the library's from_file) so that the
+    file is opened and checked like any input."""
+    data = read_input(path, "--tokenizer", MAX_TOKENIZER_BYTES)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BadInput(f"{path}:{line_of(data, e.start)}: not UTF-8 ({e.reason} at byte {e.start})")
+    return library(f"{path}: not a tokenizer.json the tokenizers library reads", tokenizer_class.from_str, text)
+
+
+def encode_batch(tokenizer, texts, wheres):
+    """The library's encodings of a batch of documents; a document it fails on is bad input,
+    named by `wheres` (the library does not say which one it was)."""
+    try:
+        with library_stderr_held():
+            return tokenizer.encode_batch(texts, add_special_tokens=False)
+    except NOT_FAILURES:
+        raise
+    except BaseException as e:
+        failure = e
+    for text, where in zip(texts, wheres):
+        library(f"{where}: the tokenizer cannot encode this document", tokenizer.encode, text,
+                add_special_tokens=False)
+    raise BadInput(f"{wheres[0]}: the tokenizer cannot encode this batch of {len(texts)} documents, each of them "
+                   f"alone encodes: {described(failure)}")
 
 
 def main():
@@ -203,10 +331,7 @@ def main():
     except ImportError as e:
         raise BadInput(f"the Python package 'tokenizers' is needed for --tokenizer ({e}); "
                        "install it, or point KEEL_PYTHON at an interpreter that has it")
-    try:
-        tokenizer = tokenizers.Tokenizer.from_file(args.tokenizer)
-    except Exception as e:  # the library raises its own Exception for a malformed file
-        raise BadInput(f"{args.tokenizer}: not a tokenizer.json the tokenizers library reads: {e}")
+    tokenizer = load_tokenizer(args.tokenizer, tokenizers.Tokenizer)
     # add_special_tokens=False does not stop special-token text in a document from matching the
     # special token itself: an EOS inside a document would cut it in two.
     if not hasattr(tokenizer, "encode_special_tokens"):
@@ -217,17 +342,20 @@ def main():
     # Added tokens may sit above the base vocabulary; every id must be below the recorded size.
     vocab = max(tokenizer.get_vocab_size(with_added_tokens=True), max(tokenizer.get_vocab(True).values()) + 1)
 
-    out = sys.stdout.buffer
     eos_bytes = eos_token.encode("utf-8")
+    if len(eos_bytes) > MAX_EOS_BYTES:
+        raise BadInput(f"{args.tokenizer}: the EOS token {eos_token[:40]!r}... is {len(eos_bytes)} bytes long; keel-data "
+                       f"takes at most {MAX_EOS_BYTES}")
+    out = sys.stdout.buffer
     out.write(b"KEELTKZ1" + struct.pack("<QQI", vocab, eos_id, len(eos_bytes)) + eos_bytes)
     done_bytes = 0
     documents = 0
-    batch, batch_bytes = [], 0
+    batch, batch_where, batch_bytes = [], [], 0
 
     def flush():
-        nonlocal batch, batch_bytes
+        nonlocal batch, batch_where, batch_bytes
         if batch:
-            encodings = tokenizer.encode_batch(batch, add_special_tokens=False)
+            encodings = encode_batch(tokenizer, batch, batch_where)
             lengths = array("I", [len(e.ids) for e in encodings])
             ids = array("I")
             for e in encodings:
@@ -238,17 +366,18 @@ def main():
             out.write(b"B" + struct.pack("<I", len(batch)) + lengths.tobytes() + ids.tobytes())
         out.write(b"P" + struct.pack("<Q", done_bytes))
         out.flush()
-        batch, batch_bytes = [], 0
+        batch, batch_where, batch_bytes = [], [], 0
 
     for path in args.inputs:
         form = args.format
         if form == "auto":
             form = "jsonl" if path.endswith(JSONL_SUFFIXES) else "text"
         documents_of = jsonl_documents(path, args.field) if form == "jsonl" else text_documents(path, args.text_split)
-        for text, consumed in documents_of:
+        for where, text, consumed in documents_of:
             done_bytes += consumed
             if text is not None:
                 batch.append(text)
+                batch_where.append(where)
                 batch_bytes += len(text)
                 documents += 1
             if len(batch) >= BATCH_DOCUMENTS or batch_bytes >= BATCH_BYTES:
@@ -261,8 +390,8 @@ def main():
 if __name__ == "__main__":
     try:
         main()
-    except BadInput as e:
-        print(f"keel-data: {e}", file=sys.stderr)
+    except BadInput as e:  # the one place input errors become a message; anything else is a bug
+        print("keel-data: " + " ".join(str(e).splitlines()), file=sys.stderr)
         sys.exit(2)
     except BrokenPipeError:  # keel-data stopped reading: it reports why
         sys.exit(1)
