@@ -152,7 +152,14 @@ int main(int argc, char** argv) {
   for (std::string shape; std::getline(list, shape, ',');) {
     const size_t x = shape.find('x');
     if (x == std::string::npos) usage("a shape is BATCHxSEQ, got \"" + shape + "\"");
-    const int64_t b = std::stoll(shape.substr(0, x)), s = std::stoll(shape.substr(x + 1));
+    int64_t b = 0, s = 0;
+    try {
+      b = std::stoll(shape.substr(0, x));
+      s = std::stoll(shape.substr(x + 1));
+    } catch (const std::logic_error&) {
+      usage("a shape is BATCHxSEQ, got \"" + shape + "\"");
+    }
+    if (b < 1 || s < 1) usage("a shape's batch and length must be at least 1, got \"" + shape + "\"");
     const std::vector<at::Tensor> t = operands(b, s);
     const at::Tensor future = at::ones({s, s}, at::TensorOptions().dtype(at::kBool)).triu(1);
     const int repeats = s >= 2048 ? 3 : 5;

@@ -53,6 +53,12 @@ inline at::Tensor block_scores(const at::Tensor& scaled_q, const at::Tensor& key
   return scores;
 }
 
+// The softmax of block_scores for query rows [first, first + n) of one head: forward's and
+// backward's recomputation both call this, so the two are bitwise the same.
+inline at::Tensor block_probs(const at::Tensor& scaled_q, const at::Tensor& key, int64_t first, bool onednn) {
+  return at::_softmax(block_scores(scaled_q, key, first, onednn), 1, /*half_to_float=*/false);
+}
+
 struct CpuCausalAttention : public torch::autograd::Function<CpuCausalAttention> {
   // q [b, h, s, d_qk], k [b, h_kv, s, d_qk], v [b, h_kv, s, d_v], fp32 on CPU.
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q_in, const at::Tensor& k_in,
@@ -68,8 +74,7 @@ struct CpuCausalAttention : public torch::autograd::Function<CpuCausalAttention>
         const at::Tensor key = k[b][h / group], value = v[b][h / group];
         for (int64_t first = 0; first < seq; first += kCpuAttentionRows) {
           const int64_t n = std::min(kCpuAttentionRows, seq - first);
-          const at::Tensor probs =
-              at::_softmax(block_scores(q[b][h].narrow(0, first, n).mul(scale), key, first, onednn), 1, false);
+          const at::Tensor probs = block_probs(q[b][h].narrow(0, first, n).mul(scale), key, first, onednn);
           out[b][h].narrow(0, first, n).copy_(block_product(probs, value.narrow(0, 0, first + n).t(), onednn));
         }
       }
@@ -100,7 +105,7 @@ struct CpuCausalAttention : public torch::autograd::Function<CpuCausalAttention>
         for (int64_t first = 0; first < seq; first += kCpuAttentionRows) {
           const int64_t n = std::min(kCpuAttentionRows, seq - first), keys = first + n;
           const at::Tensor scaled_q = q[b][h].narrow(0, first, n).mul(scale);
-          const at::Tensor probs = at::_softmax(block_scores(scaled_q, key, first, onednn), 1, false);
+          const at::Tensor probs = block_probs(scaled_q, key, first, onednn);
           const at::Tensor dout_rows = dout.narrow(0, first, n);
           grad_value_t.narrow(1, 0, keys).add_(block_product(dout_rows.t().contiguous(), probs.t(), onednn));
           const at::Tensor grad_scores = at::_softmax_backward_data(
