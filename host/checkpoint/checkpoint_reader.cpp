@@ -7,6 +7,7 @@
 #include <regex>
 
 #include "common/error.hpp"
+#include "common/input_file.hpp"
 #include "common/text.hpp"
 
 namespace keel {
@@ -31,13 +32,13 @@ std::string latest_pointer(const fs::path& root) {
   std::error_code ec;
   const fs::file_status status = fs::status(file, ec);
   if (status.type() == fs::file_type::not_found) return "";
-  constexpr uintmax_t kMaxPointerBytes = 64;
-  const uintmax_t size = fs::is_regular_file(status) ? fs::file_size(file, ec) : 0;
-  std::string text;
-  if (fs::is_regular_file(status) && !ec && size <= kMaxPointerBytes) {
-    std::ifstream in(file, std::ios::binary);
-    text.assign(static_cast<size_t>(size), '\0');
-    if (!in.read(text.data(), static_cast<std::streamsize>(size))) text.clear();
+  constexpr uint64_t kMaxPointerBytes = 64;
+  std::string text;  // anything but a small regular file is refused below as "not a pointer"
+  if (is_regular_input(file)) {
+    try {
+      text = read_input_file(file, "latest", kMaxPointerBytes);
+    } catch (const InputError&) {
+    }
   }
   std::smatch m;
   if (!std::regex_match(text, m, pointer_text))

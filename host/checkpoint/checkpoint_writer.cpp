@@ -17,9 +17,12 @@
 #include <random>
 #include <regex>
 #include <set>
+#include <sstream>
 
 #include "checkpoint/safetensors.hpp"
 #include "common/durable_file.hpp"
+#include "common/error.hpp"
+#include "common/input_file.hpp"
 #include "common/log.hpp"
 #include "common/text.hpp"
 
@@ -54,10 +57,19 @@ struct SaveRecord {
 const char* const kSaveRecord = "save.json";
 
 std::optional<SaveRecord> read_save_record(const fs::path& dir) {
-  std::ifstream in(dir / kSaveRecord);
-  if (!in) return std::nullopt;
+  // Another run's folder may hold anything under this name (a FIFO, a folder, a huge file): only
+  // a small regular file is read, and anything else is "unknown", so its checkpoint is kept.
+  constexpr uint64_t kMaxSaveRecordBytes = 64 << 10;
+  const fs::path path = dir / kSaveRecord;
+  std::string text;
   try {
-    nlohmann::json j = nlohmann::json::parse(in);
+    if (!is_regular_input(path)) return std::nullopt;
+    text = read_input_file(path, "save record", kMaxSaveRecordBytes);
+  } catch (const InputError&) {
+    return std::nullopt;
+  }
+  try {
+    nlohmann::json j = nlohmann::json::parse(text);
     SaveRecord r{j.at("run_id").get<std::string>(), j.at("save").get<int64_t>()};
     if (!valid_run_id(r.run_id) || r.number < 1) return std::nullopt;
     return r;
@@ -398,7 +410,11 @@ void CheckpointWriter::prune() const {
     if (l.suffix == "deleting" || !complete(l.path) || complete(root / step_dir(l.step))) fs::remove_all(l.path);
   if (options_.keep_latest <= 0) return;
   std::string named;
-  std::ifstream(root / "latest") >> named;
+  try {
+    if (is_regular_input(root / "latest")) std::istringstream(read_input_file(root / "latest", "latest", 64)) >> named;
+  } catch (const InputError&) {
+    // not a pointer: no checkpoint is protected as the one it names
+  }
   // This run's checkpoints (save record and manifest agree on the id), newest save first. A
   // checkpoint whose manifest cannot be read is not known to be this run's: it is kept.
   std::vector<std::pair<int64_t, fs::path>> mine;

@@ -15,6 +15,7 @@
 #include "checkpoint/safetensors.hpp"
 #include "checkpoint/strict_json.hpp"
 #include "common/error.hpp"
+#include "common/input_file.hpp"
 #include "common/log.hpp"
 #include "common/text.hpp"
 #include "metrics/json_number.hpp"
@@ -300,15 +301,9 @@ Manifest parse_manifest(const std::string& text, const std::string& where) {
 Manifest read_manifest(const std::string& dir) {
   const std::string path = (std::filesystem::path(dir) / "manifest.json").string();
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec))
+  if (!std::filesystem::exists(path, ec))
     throw InputError(cat(path, ": no such file (not a complete Keel checkpoint)"));
-  const uintmax_t size = std::filesystem::file_size(path, ec);
-  if (ec || size > kMaxManifestBytes)
-    throw InputError(cat(
-        path, ": ", ec ? ec.message() : cat(size, " bytes, more than a manifest can be (", kMaxManifestBytes, ")")));
-  std::ifstream in(path, std::ios::binary);
-  std::string text(static_cast<size_t>(size), '\0');
-  if (!in || !in.read(text.data(), static_cast<std::streamsize>(size))) throw InputError(cat(path, ": cannot read it"));
+  const std::string text = read_input_file(path, "checkpoint manifest", kMaxManifestBytes);
   return parse_manifest(text, path);
 }
 

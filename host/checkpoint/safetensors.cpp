@@ -15,6 +15,7 @@
 
 #include "checkpoint/strict_json.hpp"
 #include "common/error.hpp"
+#include "common/input_file.hpp"
 #include "common/text.hpp"
 
 namespace keel {
@@ -232,19 +233,15 @@ Header parse_header(const std::string& path, std::string_view text, uint64_t dat
 
 }  // namespace
 
-SafetensorsFile read_safetensors(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) throw InputError(cat("cannot open ", path, ": not a file"));
-  const uint64_t file_size = std::filesystem::file_size(path, ec);
-  std::ifstream in(path, std::ios::binary);
-  if (ec || !in) throw InputError(cat("cannot open ", path));
+SafetensorsFile read_safetensors(const std::string& path, const std::string& source) {
+  const InputFile in(path, source);
+  const uint64_t file_size = in.size();
   unsigned char first8[8];
-  if (file_size < 8 || !in.read(reinterpret_cast<char*>(first8), 8))
-    throw InputError(cat(path, ": truncated safetensors file (", file_size, " bytes)"));
+  if (file_size < 8) throw InputError(cat(path, ": truncated safetensors file (", file_size, " bytes)"));
+  in.read_at(0, first8, 8);
   const uint64_t header_size = header_size_of(path, first8, file_size);
   std::string text(header_size, '\0');
-  if (!in.read(text.data(), static_cast<std::streamsize>(header_size)))
-    throw InputError(cat(path, ": cannot read its header"));
+  in.read_at(8, text.data(), text.size());
   const uint64_t data_start = 8 + header_size;
   Header header = parse_header(path, text, file_size - data_start);
   SafetensorsFile file;
@@ -257,25 +254,16 @@ SafetensorsFile read_safetensors(const std::string& path) {
     } catch (...) {
       rethrow_as_input_error(where);
     }
-    in.seekg(static_cast<std::streamoff>(data_start + e.begin));
-    if (!in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(e.end - e.begin)))
-      throw InputError(cat(where, ": cannot read its data"));
+    in.read_at(data_start + e.begin, t.data_ptr(), static_cast<size_t>(e.end - e.begin));
     file.tensors[e.name] = t;
   }
   return file;
 }
 
-MappedSafetensors::MappedSafetensors(const std::string& path) : path_(path) {
-  int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) throw InputError(cat("cannot open ", path, ": ", std::strerror(errno)));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw InputError(cat("cannot open ", path, ": not a regular file"));
-  }
-  size_ = static_cast<size_t>(st.st_size);
-  if (size_ > 0) map_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
+MappedSafetensors::MappedSafetensors(const std::string& path, const std::string& source) : path_(path) {
+  const InputFile file(path, source);  // the mapping outlives the descriptor
+  size_ = static_cast<size_t>(file.size());
+  if (size_ > 0) map_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, file.fd(), 0);
   if (map_ == MAP_FAILED) {
     map_ = nullptr;
     throw InputError(cat("cannot map ", path, ": ", std::strerror(errno)));

@@ -44,7 +44,9 @@ at::ScalarType scalar_type_of(const std::string& code, const std::string& where)
 /// an InputError naming the file and the key.
 class MappedSafetensors {
  public:
-  explicit MappedSafetensors(const std::string& path);
+  /// Maps `path`; `source` names what pointed at it, for the refusal of a file that is not a
+  /// regular one.
+  explicit MappedSafetensors(const std::string& path, const std::string& source = "checkpoint shard");
   ~MappedSafetensors();
   MappedSafetensors(const MappedSafetensors&) = delete;
   MappedSafetensors& operator=(const MappedSafetensors&) = delete;
@@ -89,6 +91,6 @@ struct SafetensorsFile {
 
 /// Reads a whole safetensors file into CPU tensors, validated as MappedSafetensors is before
 /// anything is allocated; throws InputError naming file and key.
-SafetensorsFile read_safetensors(const std::string& path);
+SafetensorsFile read_safetensors(const std::string& path, const std::string& source = "safetensors file");
 
 }  // namespace keel

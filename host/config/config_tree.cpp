@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "common/error.hpp"
+#include "common/input_file.hpp"
 #include "common/text.hpp"
 #include "common/utf8.hpp"
 #include "config/toml_depth.hpp"
@@ -105,14 +106,10 @@ std::string set_origin(const std::string& assignment) {
 std::string toml_key(const std::string& key) { return is_bare_key(key) ? key : toml_text(key); }
 
 ConfigTree ConfigTree::from_file(const std::string& path) {
-  std::error_code error;
-  if (std::filesystem::is_directory(path, error))
-    throw InputError(cat("cannot read config ", path, ": it is a folder, not a TOML file"));
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  if (in) text << in.rdbuf();
-  if (!in || in.bad()) throw InputError(cat("cannot read config ", path, ": ", std::strerror(errno)));
-  return ConfigTree(parse_text(text.str(), path, "config "), path);
+  // A job's config is a page of text; the bound keeps a wrong file (a token file, a device's
+  // worth of bytes) from being read whole before the parser refuses it.
+  constexpr uint64_t kMaxConfigBytes = uint64_t{16} << 20;
+  return ConfigTree(parse_text(read_input_file(path, "--config", kMaxConfigBytes), path, "config "), path);
 }
 
 ConfigTree ConfigTree::from_string(const std::string& text, const std::string& name) {
@@ -370,6 +367,16 @@ double ConfigSection::real(const std::string& key, double fallback) const {
     // (1e309) as the largest double without a word: that value is taken as the overflow it is.
     if (!std::isfinite(result) || std::abs(result) == std::numeric_limits<double>::max())
       invalid(key, cat("must be a finite number within double's range, got ", short_text(*value)));
+    // A subnormal number passes a range check made before the CPU flushes denormals and then
+    // compares equal to 0 (LibTorch's kernels set that mode): refused. Found from its bits, as
+    // a comparison would itself read it as 0 under that mode.
+    uint64_t bits = 0;
+    std::memcpy(&bits, &result, sizeof(bits));
+    const bool subnormal = ((bits >> 52) & 0x7FF) == 0 && (bits & ((uint64_t{1} << 52) - 1)) != 0;
+    if (subnormal)
+      invalid(key, cat("must be 0 or at least ", std::numeric_limits<double>::min(),
+                       " in magnitude (a subnormal number reads as 0 in the CPU's flush-to-zero mode), got ",
+                       short_text(*value)));
   }
   tree_->record(name_, resolved_as_, key, toml::value(result));
   return result;

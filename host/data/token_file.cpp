@@ -1,7 +1,6 @@
 #include "data/token_file.hpp"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -15,6 +14,7 @@
 
 #include "common/durable_file.hpp"
 #include "common/error.hpp"
+#include "common/input_file.hpp"
 #include "common/text.hpp"
 
 namespace keel {
@@ -112,7 +112,7 @@ void TokenFileWriter::end_document() {
 void TokenFileWriter::flush_buffer() {
   out_.write(reinterpret_cast<const char*>(buffer_.data()), static_cast<std::streamsize>(buffer_.size()));
   buffer_.clear();
-  if (!out_) throw InputError(cat("cannot write token file ", partial_, ": ", std::strerror(errno)));
+  if (!out_) throw std::runtime_error(cat("cannot write token file ", partial_, ": ", std::strerror(errno)));
 }
 
 void TokenFileWriter::close() {
@@ -131,7 +131,7 @@ void TokenFileWriter::close() {
   out_.seekp(0);
   out_.write(reinterpret_cast<const char*>(&header), sizeof(header));
   out_.close();
-  if (!out_) throw InputError(cat("cannot write token file ", partial_, ": ", std::strerror(errno)));
+  if (!out_) throw std::runtime_error(cat("cannot write token file ", partial_, ": ", std::strerror(errno)));
   sync_file(partial_);
   std::filesystem::rename(partial_, path_);
   open_ = false;
@@ -152,48 +152,30 @@ void write_token_file(const std::string& path, const std::vector<uint32_t>& toke
   writer.close();
 }
 
-TokenFileSource::TokenFileSource(const std::string& path, uint64_t seed) : path_(path), seed_(seed) {
-  int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) throw InputError(cat("data.path: cannot open token file ", path, ": ", std::strerror(errno)));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || st.st_size < 0) {
-    const int err = errno;
-    ::close(fd);
-    throw InputError(cat("data.path: cannot stat token file ", path, ": ", std::strerror(err)));
-  }
-  map_size_ = static_cast<size_t>(st.st_size);
-  if (map_size_ < sizeof(HeaderV1)) {
-    ::close(fd);
-    throw InputError(cat("token file ", path, " is ", map_size_, " bytes, smaller than its 32-byte header"));
-  }
-  map_ = ::mmap(nullptr, map_size_, PROT_READ, MAP_SHARED, fd, 0);
-  const int map_errno = errno;
-  ::close(fd);
-  if (map_ == MAP_FAILED) {
-    map_ = nullptr;
-    throw InputError(cat("cannot memory-map token file ", path, ": ", std::strerror(map_errno)));
-  }
-  auto fail = [&](const std::string& why) {
-    ::munmap(map_, map_size_);
-    map_ = nullptr;
-    throw InputError(cat("token file ", path, ": ", why));
-  };
+TokenFileSource::TokenFileSource(const std::string& path, uint64_t seed, std::string key)
+    : path_(path), key_(std::move(key)), seed_(seed), file_(std::make_unique<InputFile>(path, key_)) {
+  const uint64_t file_size = file_->size();
+  if (file_size < sizeof(HeaderV1))
+    throw InputError(cat(key_, ": token file ", path, " is ", file_size, " bytes, smaller than its 32-byte header"));
+  auto fail = [&](const std::string& why) { throw InputError(cat(key_, ": token file ", path, ": ", why)); };
+  unsigned char head[sizeof(HeaderV2)] = {};
+  file_->read_at(0, head, std::min<uint64_t>(file_size, sizeof(head)));
   // Both versions read into the version-2 fields; a version-1 file records no EOS id and no
   // documents.
   HeaderV2 header{};
   size_t header_size = 0;
-  if (std::memcmp(map_, kMagicV1, sizeof(kMagicV1)) == 0) {
+  if (std::memcmp(head, kMagicV1, sizeof(kMagicV1)) == 0) {
     HeaderV1 v1{};
-    std::memcpy(&v1, map_, sizeof(v1));
+    std::memcpy(&v1, head, sizeof(v1));
     if (v1.reserved != 0) fail(cat("reserved header field is ", v1.reserved, ", expected 0"));
     header.width = v1.width;
     header.num_tokens = v1.num_tokens;
     header.vocab_size = v1.vocab_size;
     header_size = sizeof(HeaderV1);
-  } else if (std::memcmp(map_, kMagicV2, sizeof(kMagicV2)) == 0) {
-    if (map_size_ < sizeof(HeaderV2))
-      fail(cat("the file is ", map_size_, " bytes, smaller than its 48-byte KEELTOK2 header"));
-    std::memcpy(&header, map_, sizeof(header));
+  } else if (std::memcmp(head, kMagicV2, sizeof(kMagicV2)) == 0) {
+    if (file_size < sizeof(HeaderV2))
+      fail(cat("the file is ", file_size, " bytes, smaller than its 48-byte KEELTOK2 header"));
+    std::memcpy(&header, head, sizeof(header));
     header_size = sizeof(HeaderV2);
   } else {
     fail("bad magic (not a KEELTOK1 or KEELTOK2 file; build one with keel-data)");
@@ -204,9 +186,9 @@ TokenFileSource::TokenFileSource(const std::string& path, uint64_t seed) : path_
   // pass as a small file.
   uint64_t payload = 0, expected = 0;
   if (__builtin_mul_overflow(header.num_tokens, uint64_t{header.width}, &payload) ||
-      __builtin_add_overflow(payload, uint64_t{header_size}, &expected) || expected != map_size_)
+      __builtin_add_overflow(payload, uint64_t{header_size}, &expected) || expected != file_size)
     fail(cat("num_tokens: header promises ", header.num_tokens, " tokens of ", header.width, " bytes but the file has ",
-             map_size_ - header_size, " bytes after its header"));
+             file_size - header_size, " bytes after its header"));
   if (header.vocab_size == 0) fail("vocab_size: vocabulary size is 0");
   // Every token of the width must be able to be below the vocabulary, and the vocabulary must
   // be representable as a token id of the model (int64).
@@ -230,15 +212,13 @@ TokenFileSource::TokenFileSource(const std::string& path, uint64_t seed) : path_
   num_tokens_ = header.num_tokens;
   vocab_ = header.vocab_size;
   num_documents_ = header.num_documents;
-  tokens_ = static_cast<const unsigned char*>(map_) + header_size;
+  header_size_ = header_size;
 }
 
-TokenFileSource::~TokenFileSource() {
-  if (map_ != nullptr) ::munmap(map_, map_size_);
-}
+TokenFileSource::~TokenFileSource() = default;
 
-TokenFileSource::TokenFileSource(const std::string& path, uint64_t seed, const TokenFileShare& share)
-    : TokenFileSource(path, seed) {
+TokenFileSource::TokenFileSource(const std::string& path, uint64_t seed, const TokenFileShare& share, std::string key)
+    : TokenFileSource(path, seed, std::move(key)) {
   share_ = share;
   if (share.held_out == 0) return;
   if (!(share.held_out > 0 && share.held_out < 1) || share.block_tokens < 1)
@@ -246,8 +226,15 @@ TokenFileSource::TokenFileSource(const std::string& path, uint64_t seed, const T
                                     share.block_tokens, " must be positive"));
   const auto block = static_cast<uint64_t>(share.block_tokens);
   const uint64_t blocks = num_tokens_ / block + (num_tokens_ % block != 0 ? 1 : 0);
-  const auto held =
-      std::max<uint64_t>(1, static_cast<uint64_t>(std::llround(share.held_out * static_cast<double>(blocks))));
+  // Rounded to the nearest block, and a split that rounds to no block is refused: a "held-out"
+  // side of nothing would make validation read training data.
+  const double wanted = share.held_out * static_cast<double>(blocks);
+  const auto held = static_cast<uint64_t>(std::llround(wanted));
+  if (held == 0)
+    throw InputError(cat("validation.split: ", share.held_out, " of token file ", path, " (", num_tokens_,
+                         " tokens in ", blocks, " block(s) of ", block, ") holds out no block (", wanted,
+                         " rounds to 0): raise validation.split to at least ", 0.5 / static_cast<double>(blocks),
+                         " or lower validation.split_block"));
   if (held >= blocks)
     throw InputError(cat("validation.split: holding out ", share.held_out, " of token file ", path, " (", num_tokens_,
                          " tokens in ", blocks, " block(s) of ", block, ") leaves no block for training: lower ",
@@ -284,7 +271,7 @@ const std::vector<uint64_t>& TokenFileSource::window_starts(uint64_t length) con
     starts_.erase(it);
     uint64_t longest = 0;
     for (const Span& span : spans_) longest = std::max(longest, span.tokens);
-    throw InputError(cat("token file ", path_, ": no ", share_.validation ? "held-out" : "training",
+    throw InputError(cat(key_, ": token file ", path_, ": no ", share_.validation ? "held-out" : "training",
                          " run of blocks holds a sample of ", length, " tokens (the longest has ", longest,
                          "): raise validation.split_block or lower the sequence length"));
   }
@@ -294,7 +281,8 @@ const std::vector<uint64_t>& TokenFileSource::window_starts(uint64_t length) con
 uint64_t TokenFileSource::sample_start(uint64_t index, int64_t length) const {
   auto len = static_cast<uint64_t>(length);
   if (length < 1 || len > num_tokens_)
-    throw InputError(cat("token file ", path_, " holds ", num_tokens_, " tokens, fewer than one sample of ", len));
+    throw InputError(
+        cat(key_, ": token file ", path_, " holds ", num_tokens_, " tokens, fewer than one sample of ", len));
   uint64_t state = seed_ * 0x9E3779B97F4A7C15ULL + index;
   const uint64_t draw = splitmix64(state);
   if (share_.held_out == 0) return draw % (num_tokens_ - len + 1);
@@ -307,8 +295,15 @@ uint64_t TokenFileSource::sample_start(uint64_t index, int64_t length) const {
 void TokenFileSource::sample(uint64_t index, int64_t length, int64_t* out) const {
   auto len = static_cast<uint64_t>(length);
   const uint64_t start = sample_start(index, length);
+  // Read, not mapped: a file truncated under a running job gives a short read and a message,
+  // where a mapping would fault the process with SIGBUS. The look at its size and time first
+  // also refuses a file rewritten in place, whose tokens are no longer the run's.
+  file_->check_unchanged();
+  thread_local std::vector<unsigned char> bytes;
+  bytes.resize(static_cast<size_t>(len * width_));
+  file_->read_at(header_size_ + start * width_, bytes.data(), bytes.size());
   for (uint64_t t = 0; t < len; ++t) {
-    const unsigned char* p = tokens_ + (start + t) * width_;
+    const unsigned char* p = bytes.data() + t * width_;
     if (width_ == 2) {
       uint16_t v;
       std::memcpy(&v, p, sizeof(v));
@@ -319,7 +314,7 @@ void TokenFileSource::sample(uint64_t index, int64_t length, int64_t* out) const
       out[t] = v;
     }
     if (static_cast<uint64_t>(out[t]) >= vocab_)
-      throw InputError(cat("token file ", path_, ": token ", out[t], " at position ", start + t,
+      throw InputError(cat(key_, ": token file ", path_, ": token ", out[t], " at position ", start + t,
                            " is not below its vocabulary size ", vocab_));
   }
 }

@@ -1,4 +1,4 @@
-// Token files: a header and little-endian uint16 or uint32 tokens, memory-mapped.
+// Token files: a header and little-endian uint16 or uint32 tokens, read sample by sample.
 // Version 2 (written), 48 bytes:
 //   bytes 0-7   magic "KEELTOK2"
 //   bytes 8-11  uint32 bytes per token (2 or 4)
@@ -15,11 +15,13 @@
 #include <cstdint>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "common/input_file.hpp"
 #include "data/token_source.hpp"
 
 namespace keel {
@@ -80,14 +82,15 @@ struct TokenFileShare {
   bool validation = false;      ///< read the held-out blocks (else the training ones)
 };
 
-/// A memory-mapped token file; samples are windows at offsets drawn from (seed, index).
+/// A token file; samples are windows at offsets drawn from (seed, index).
 class TokenFileSource final : public TokenSource {
  public:
-  /// Opens and validates `path`; throws InputError naming the file and what is wrong.
-  TokenFileSource(const std::string& path, uint64_t seed);
+  /// Opens and validates `path`; throws InputError naming `key` (the config key that named
+  /// the file), the file and what is wrong.
+  TokenFileSource(const std::string& path, uint64_t seed, std::string key = "data.path");
   /// Opens `path` and reads only one side of its held-out split (the whole file when
   /// share.held_out is 0); throws InputError when the split leaves a side without blocks.
-  TokenFileSource(const std::string& path, uint64_t seed, const TokenFileShare& share);
+  TokenFileSource(const std::string& path, uint64_t seed, const TokenFileShare& share, std::string key = "data.path");
   ~TokenFileSource() override;
   TokenFileSource(const TokenFileSource&) = delete;
   TokenFileSource& operator=(const TokenFileSource&) = delete;
@@ -108,10 +111,10 @@ class TokenFileSource final : public TokenSource {
 
  private:
   std::string path_;
+  std::string key_;
   uint64_t seed_;
-  void* map_ = nullptr;
-  size_t map_size_ = 0;
-  const unsigned char* tokens_ = nullptr;
+  std::unique_ptr<InputFile> file_;
+  uint64_t header_size_ = 0;
   uint32_t width_ = 0;
   uint64_t num_tokens_ = 0;
   uint64_t vocab_ = 0;

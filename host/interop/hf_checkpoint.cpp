@@ -7,6 +7,7 @@
 
 #include "checkpoint/strict_json.hpp"
 #include "common/error.hpp"
+#include "common/input_file.hpp"
 #include "common/text.hpp"
 
 namespace keel {
@@ -19,18 +20,7 @@ constexpr uint64_t kMaxJsonBytes = uint64_t{64} << 20;  // an index of a million
 constexpr int kMaxJsonDepth = 16;
 
 nlohmann::json read_json(const fs::path& path) {
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) throw InputError(cat(path.string(), ": not found (or not a file)"));
-  const uint64_t size = fs::file_size(path, ec);
-  if (ec || size > kMaxJsonBytes)
-    throw InputError(
-        cat(path.string(), ": ",
-            ec ? ec.message() : cat(size, " bytes, more than a JSON file here may hold (", kMaxJsonBytes, ")")));
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  if (!in) throw InputError(cat(path.string(), ": cannot read"));
-  return parse_untrusted_json(text.str(), path.string(), kMaxJsonDepth);
+  return parse_untrusted_json(read_input_file(path, "--hf", kMaxJsonBytes), path.string(), kMaxJsonDepth);
 }
 
 // A shard name from the index: a plain file name in the folder, never a path out of it.
@@ -72,14 +62,14 @@ HfCheckpoint::HfCheckpoint(const std::string& dir) : dir_(dir) {
   }
   for (const std::string& file : files) {
     const fs::path path = root / file;
-    if (!fs::is_regular_file(path, ec)) {
+    if (!fs::exists(path, ec)) {
       std::string first;  // a tensor the index places in it, to say what is lost
       for (const auto& [name, shard] : listed)
         if (shard == file && first.empty()) first = name;
       throw InputError(cat(path.string(), ": missing shard (", index_path.filename().string(), " places '", first,
                            "' and others there)"));
     }
-    shards_.push_back(std::make_unique<MappedSafetensors>(path.string()));
+    shards_.push_back(std::make_unique<MappedSafetensors>(path.string(), "--hf shard"));
     const size_t shard = shards_.size() - 1;
     for (const std::string& name : shards_.back()->keys()) {
       if (!where_.emplace(name, shard).second)

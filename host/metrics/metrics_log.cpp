@@ -1,8 +1,11 @@
 #include "metrics/metrics_log.hpp"
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "common/error.hpp"
+#include "common/input_file.hpp"
 #include "common/log.hpp"
 #include "common/text.hpp"
 #include "metrics/json_number.hpp"
@@ -13,6 +16,12 @@ namespace keel {
 MetricsLog::MetricsLog(const std::string& jsonl_path, int64_t resume_after_step) {
   if (jsonl_path.empty()) return;
   std::vector<std::string> kept;
+  // Something else under the log's name (a FIFO would block the read and the write, a folder
+  // fail them) is refused before either.
+  std::error_code ec;
+  if (std::filesystem::exists(jsonl_path, ec) && !is_regular_input(jsonl_path))
+    throw InputError(cat("job.run_dir: ", jsonl_path, " is ", file_kind(jsonl_path),
+                         ", expected the run's metrics log (a regular file) or nothing"));
   {
     std::ifstream old(jsonl_path);
     for (std::string line; std::getline(old, line);) {

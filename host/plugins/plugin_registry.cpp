@@ -14,6 +14,7 @@
 #include <regex>
 
 #include "common/error.hpp"
+#include "common/input_file.hpp"
 #include "common/text.hpp"
 #include "plugins/extensions.hpp"
 
@@ -157,7 +158,9 @@ const LoadedPlugin& PluginRegistry::load(const std::string& name_or_path) {
   auto& libraries = loaded_libraries();
   if (auto it = libraries.find(key); it != libraries.end()) return it->second->plugin;
 
-  // 1. open
+  // 1. open: only a regular file is handed to the loader, which would wait forever on a FIFO.
+  if (!is_regular_input(path))
+    throw InputError(cat("cannot open plugin ", path, ": it is ", file_kind(path), ", expected a shared library"));
   auto loaded = std::make_unique<LoadedLibrary>();
   try {
     loaded->library.load(boost::dll::fs::path(path),

@@ -44,7 +44,7 @@ std::unique_ptr<TokenSource> open_validation_source(Job& job, const TokenSource&
   const JobConfig& c = job.config();
   std::unique_ptr<TokenSource> source;
   if (!c.validation.data.empty()) {
-    source = std::make_unique<TokenFileSource>(c.validation.data, c.data.seed);
+    source = std::make_unique<TokenFileSource>(c.validation.data, c.data.seed, "validation.data");
     check_vocabulary(job, *source, "validation", "data");
     if (source->eos_id() != training.eos_id())
       ConfigSection(job.tree(), "validation")
@@ -76,6 +76,12 @@ std::optional<int64_t> document_end(Job& job, const TokenSource& source) {
                  cat("\"block_causal\" needs documents, and the token file ", data.path,
                      " records no EOS id (rebuild it with keel-data build --tokenizer, or use \"causal\")"));
   return eos;
+}
+
+std::string data_origin(const JobConfig& c, bool validation) {
+  if (validation && !c.validation.data.empty()) return cat("validation.data (", c.validation.data, ")");
+  if (c.data.source == "tokens") return cat("data.path (", c.data.path, ")");
+  return "synthetic data";
 }
 
 }  // namespace keel

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "data/token_source.hpp"
 #include "train/job.hpp"
@@ -21,5 +22,8 @@ std::unique_ptr<TokenSource> open_validation_source(Job& job, const TokenSource&
 /// The EOS id after which labels are ignored, from data.documents and what `source` records;
 /// refuses data.attention = "block_causal" when there is none.
 std::optional<int64_t> document_end(Job& job, const TokenSource& source);
+/// Where the training (or the validation) batches come from, for messages: "data.path (FILE)",
+/// "validation.data (FILE)" or "synthetic data".
+std::string data_origin(const JobConfig& c, bool validation);
 
 }  // namespace keel

@@ -10,6 +10,8 @@
 
 #include "common/text.hpp"
 #include "device/device.hpp"
+#include "train/data_fault.hpp"
+#include "train/data_sources.hpp"
 
 namespace keel {
 
@@ -98,7 +100,9 @@ Evaluation Evaluator::run(int64_t step) {
     stream_->seek(0);  // every evaluation sees the same batches: its figures compare over a run
     const int m = c.parallelism.microbatches;
     for (int64_t b = 0; b < c.validation.steps; ++b) {
-      Batch batch = stream_->next();
+      Batch batch = agreed_batch(
+          job_.mesh().group(KEEL_GROUP_WORLD), job_.mesh().layout().rank, [&] { return stream_->next(); },
+          data_origin(c, /*validation=*/true));
       labelled += batch.labelled_tokens;
       loss_total.add_(runner_.evaluate(batch.tokens.chunk(m, 0), batch.labels.chunk(m, 0)));
     }

@@ -16,6 +16,7 @@
 #include "common/text.hpp"
 #include "device/device.hpp"
 #include "memory/state_memory.hpp"
+#include "train/data_fault.hpp"
 #include "train/data_sources.hpp"
 #include "train/gradient_scatter.hpp"
 #include "train/replica_guard.hpp"
@@ -201,7 +202,8 @@ double Trainer::step(int64_t step, bool read_loss) {
   const JobConfig& c = job_.config();
   Group& world = job_.mesh().group(KEEL_GROUP_WORLD);
   job_.step_metrics().clear();
-  Batch batch = stream_->next();
+  Batch batch = agreed_batch(
+      world, job_.mesh().layout().rank, [&] { return stream_->next(); }, data_origin(c, /*validation=*/false));
 
   // The loss is token-summed per microbatch and divided by the step's global token count.
   at::Tensor count = at::full({}, static_cast<double>(batch.labelled_tokens), at::kDouble);

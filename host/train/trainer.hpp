@@ -42,6 +42,7 @@ struct RunSummary {
   std::string checkpoint_path;  ///< the last checkpoint saved, or ""
   std::string run_id;           ///< recorded in every checkpoint this run saves
   std::string save_failure;     ///< the failed save that stopped the run (checkpoint.on_save_failure = "stop")
+  std::string data_failure;     ///< the batch no rank could train on: run() saves the last step, then throws it
   int64_t replica_checks = 0;   ///< replica-guard passes (each compared every copy of every parameter)
   std::optional<Evaluation> first_validation, last_validation;  ///< this run's first and last evaluations
 };
@@ -57,7 +58,9 @@ class Trainer {
   /// Runs every step (or until SIGINT/SIGTERM, or a failed save), then saves final weights. A
   /// failed save stops the run after the step at which every rank learnt of it (with
   /// checkpoint.on_save_failure = "stop"); the final weights are still written, then run()
-  /// throws, naming the failure, on every rank.
+  /// throws, naming the failure, on every rank. A batch that some rank cannot read (DataFault)
+  /// stops every rank before that step: the last whole step is checkpointed (when checkpoints
+  /// are saved), then run() throws the DataFault on every rank.
   RunSummary run();
   /// Runs one step; returns its loss when `read_loss` (otherwise 0, avoiding a device sync).
   double step(int64_t step, bool read_loss);

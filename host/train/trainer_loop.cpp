@@ -7,6 +7,7 @@
 
 #include "common/log.hpp"
 #include "common/text.hpp"
+#include "train/data_fault.hpp"
 #include "train/step_log.hpp"
 #include "train/stop_signal.hpp"
 #include "train/trainer.hpp"
@@ -54,21 +55,36 @@ RunSummary Trainer::run() {
     const bool evaluated = evaluator_ && evaluator_->due(s);
     const bool logged = log.logs(s) || evaluated;  // an evaluation's figures join its step's record
     const double lr = schedule_->at(s);
-    const double loss = step(s, /*read_loss=*/logged);
-    log.count_step();
-    summary.steps_done = s;
     std::optional<Evaluation> validation;
-    if (evaluated) remember(summary, validation.emplace(evaluate(s)));
-    if (logged)
-      remember(summary, log.write(s, loss, lr, last_norm_, last_found_inf_, validation ? &*validation : nullptr),
-               s == start_step_ + 1);
+    try {
+      const double loss = step(s, /*read_loss=*/logged);
+      log.count_step();
+      summary.steps_done = s;
+      if (evaluated) remember(summary, validation.emplace(evaluate(s)));
+      if (logged)
+        remember(summary, log.write(s, loss, lr, last_norm_, last_found_inf_, validation ? &*validation : nullptr),
+                 s == start_step_ + 1);
+    } catch (const DataFault& e) {
+      // Every rank is here at the same step, before any collective of the step's work: the
+      // state after the last whole step is consistent and is saved before the run fails.
+      summary.data_failure = e.what();
+      log_info(cat("stopping after step ", summary.steps_done, ": a batch of step ", s, " could not be read"));
+      break;
+    }
     if (checkpoint_interval > 0 && s % checkpoint_interval == 0) checkpoint(s);
     if (stops_after(s, summary)) {
       if (!logged) summary.final_loss = last_loss_.item<double>();
       break;
     }
   }
-  finish_checkpoints(summary);
+  // A run that failed before its first step has nothing new to save.
+  if (summary.data_failure.empty() || summary.steps_done > start_step_) finish_checkpoints(summary);
+  if (!summary.data_failure.empty()) {
+    // No "final" weights: the run did not reach its end. The checkpoint holds its progress.
+    if (!summary.checkpoint_path.empty() && job_.mesh().layout().rank == 0)
+      log_info(cat("checkpoint of step ", summary.steps_done, ": ", summary.checkpoint_path));
+    throw DataFault(summary.data_failure);
+  }
   report_replica_checks(summary);
   save_final_weights(summary);
   throw_if_save_failed(summary);

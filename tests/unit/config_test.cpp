@@ -173,6 +173,10 @@ INSTANTIATE_TEST_SUITE_P(
              "at least 1"},
         Case{"validation_split_of_one", kModel + "[validation]\nsplit = 1.0\n", "job.toml:4", "validation.split",
              "[0, 1)"},
+        Case{"validation_split_subnormal", kModel + "[validation]\nsplit = 5e-324\n", "job.toml:4", "validation.split",
+             "a subnormal number reads as 0"},
+        Case{"lr_subnormal", kModel + "[optimizer]\nlr = -4e-320\n", "job.toml:4", "optimizer.lr",
+             "must be 0 or at least"},
         Case{"validation_split_of_synthetic_data", kModel + "[validation]\nsplit = 0.1\n", "job.toml:4",
              "validation.split", "applies to data.source = \"tokens\""},
         Case{"validation_data_and_split",
@@ -280,7 +284,8 @@ TEST(ConfigFile, AFolderOrAMissingFileIsRefusedNamingIt) {
     ConfigTree::from_file(dir.path());
     ADD_FAILURE() << "a folder was read as an empty config";
   } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("it is a folder"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("is a folder, expected a regular file"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--config"), std::string::npos) << e.what();
   }
   EXPECT_THROW(ConfigTree::from_file(dir / "none.toml"), InputError);
 }

@@ -66,7 +66,7 @@ TEST(TokenFileSplit, NoTrainingWindowTouchesAHeldOutBlockAndTheReverse) {
       ASSERT_EQ(training.held_out(b), validation.held_out(b)) << what;
       held += training.held_out(b) ? 1 : 0;
     }
-    EXPECT_EQ(held, std::max<uint64_t>(1, static_cast<uint64_t>(std::llround(c.held_out * blocks)))) << what;
+    EXPECT_EQ(held, static_cast<uint64_t>(std::llround(c.held_out * blocks))) << what;
     expect_windows_on_their_side(training, c.block, c.length, false, what);
     expect_windows_on_their_side(validation, c.block, c.length, true, what);
   }
@@ -128,6 +128,17 @@ TEST(TokenFileSplit, ASplitThatLeavesASideWithoutRoomIsRefusedSayingWhatToChange
   EXPECT_NE(short_runs.find("validation.split_block"), std::string::npos) << short_runs;
   EXPECT_NE(short_runs.find("held-out"), std::string::npos) << short_runs;
   EXPECT_EQ(error_of(path, share(0.5, 100, 1, true), 64), "");
+}
+
+TEST(TokenFileSplit, ASplitThatRoundsToNoBlockIsRefusedRatherThanValidatingOnTrainingData) {
+  test::TempDir dir;
+  const std::string path = token_file(dir, 3000);  // 30 blocks of 100
+  for (double tiny : {1e-300, 1e-3, 0.016}) {      // a subnormal split is refused by the config reader
+    const std::string error = error_of(path, share(tiny, 100, 1, true), 8);
+    EXPECT_NE(error.find("validation.split"), std::string::npos) << tiny << ": " << error;
+    EXPECT_NE(error.find("holds out no block"), std::string::npos) << tiny << ": " << error;
+  }
+  EXPECT_EQ(error_of(path, share(0.017, 100, 1, true), 8), "");  // 0.51 blocks round to one
 }
 
 TEST(SyntheticValidation, TheValidationStreamIsTheSourcesOwnFromIndexTwoToTheSixtyThird) {
