@@ -127,10 +127,19 @@ std::string StreamedCheckpoint::commit(Manifest header) {
   write_durably(fs::path(partial_) / "manifest.json", manifest_json(header));
   sync_dir(partial_);
   fs::rename(partial_, final_);
-  sync_dir(root_);
+  try {
+    sync_dir(root_);
+    write_durably(fs::path(root_) / "latest", fs::path(final_).filename().string() + "\n");
+    sync_dir(root_);
+  } catch (...) {
+    // A commit that cannot finish (a full disk writing the pointer) takes the checkpoint back
+    // to its staging name, which the destructor removes: nothing that looks complete remains.
+    std::error_code ec;
+    fs::rename(final_, partial_, ec);
+    fs::remove(fs::path(root_) / "latest.partial", ec);
+    throw;
+  }
   committed_ = true;
-  write_durably(fs::path(root_) / "latest", fs::path(final_).filename().string() + "\n");
-  sync_dir(root_);
   return final_;
 }
 

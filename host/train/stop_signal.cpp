@@ -26,4 +26,11 @@ void install_stop_handlers() {
 
 int stop_requested() { return requested.load(); }
 
+StopRequested::StopRequested(int signal, const std::string& what)
+    : std::runtime_error(what + " stopped by " + (signal == SIGINT ? "SIGINT" : "SIGTERM")), signal_(signal) {}
+
+void throw_if_stop_requested(const std::string& what) {
+  if (const int signal = stop_requested(); signal != 0) throw StopRequested(signal, what);
+}
+
 }  // namespace keel

@@ -10,9 +10,7 @@ namespace {
 const std::string kArchitecture = "DeepseekV3ForCausalLM";
 
 int64_t required(const keel::ImportSource& source, const std::string& field) {
-  std::optional<int64_t> v = source.integer(field);
-  if (!v) throw keel::unsupported_config(field, "missing (" + kArchitecture + " needs it)");
-  return *v;
+  return keel::import_size(source, field, kArchitecture);
 }
 
 double required_real(const keel::ImportSource& source, const std::string& field) {

@@ -8,9 +8,7 @@ namespace llama3 {
 namespace {
 
 int64_t required(const keel::ImportSource& source, const std::string& field) {
-  std::optional<int64_t> v = source.integer(field);
-  if (!v) throw keel::unsupported_config(field, "missing (LlamaForCausalLM needs it)");
-  return *v;
+  return keel::import_size(source, field, "LlamaForCausalLM");
 }
 
 void refuse_true(const keel::ImportSource& source, const std::string& field, const std::string& why) {

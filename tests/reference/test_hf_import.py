@@ -165,7 +165,8 @@ def check_refusals(ckpt, hf, work, failures):
     damaged("rope_scaling", scaled_rope, ["rope_parameters.rope_type", "llama3"])
     damaged("layer_count_beyond_int32", edit_config(num_hidden_layers=2**32 + 2), ["num_hidden_layers", "4294967298"])
     damaged("layer_count_beyond_weights", edit_config(num_hidden_layers=3), ["num_hidden_layers", "model.layers.2"])
-    damaged("vocab_beyond_weights", edit_config(vocab_size=2**40), ["config.json", "shapes need"])
+    damaged("vocab_beyond_weights", edit_config(vocab_size=2**20), ["config.json", "shapes need"])
+    damaged("vocab_beyond_any_import", edit_config(vocab_size=2**40), ["config.json", "vocab_size", str(2**40)])
     damaged("nan_weight", nan_weight, [victim, victim_file, "NaN"])
 
     # A run's folder is never written into: its checkpoints and `latest` stay as they were.

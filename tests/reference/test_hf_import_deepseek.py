@@ -21,7 +21,10 @@ bad_input     A missing shard, a shape that disagrees with config.json, an unkno
               layers than config.json declares and config.json values Keel cannot represent:
               each exits 2 naming the file, tensor or field, and OUT is not created. Variants
               Keel does represent (softmax scores with greedy routing, plain RoPE) import with
-              the keys they set.
+              the keys they set. FP8 weights that hold a NaN byte or overflow when dequantised, a
+              vocab_size of 2^62, and a FIFO, folder or device in place of a file are refused
+              the same way. SIGINT, SIGTERM and a full disk at any byte of the import's writes
+              leave OUT as it was.
 Prints the round trip's largest |diff|, the FP8 dequantization error and the import's MB/s and
 peak RSS.
 """
@@ -426,7 +429,41 @@ def bad_input_case(keel, work):
         index["weight_map"][extra] = rewrite(folder, kv_norm, {extra: torch.zeros(2, 2, dtype=torch.bfloat16)})
         json.dump(index, open(index_path, "w"))
 
+    def fp8_nan(folder):
+        file = shard_of(folder, scaled)
+        held = load_file(os.path.join(folder, file))
+        weight = held[scaled].clone()
+        weight.view(torch.uint8)[0, 0] = 0x7F  # e4m3fn's NaN
+        held[scaled] = weight
+        save_file(held, os.path.join(folder, file), metadata={"format": "pt"})
+
+    def scale_overflow(folder):
+        # Finite FP8 values and a finite scale whose product overflows fp32.
+        held = load_file(os.path.join(folder, shard_of(folder, scaled + "_scale_inv")))
+        scale = held[scaled + "_scale_inv"].clone()
+        scale[0, 0] = torch.finfo(torch.float32).max
+        rewrite(folder, scaled + "_scale_inv", {scaled + "_scale_inv": scale})
+
+    def impostor(name, make):
+        """`name` in the folder replaced by what `make(path)` puts there."""
+        def edit(folder):
+            path = os.path.join(folder, name)
+            os.remove(path)
+            make(path)
+        return edit
+
     cases = [
+        ("fp8_nan", fp8_nan, [scaled, "NaN or an infinity"]),
+        ("fp8_scale_overflow", scale_overflow, [scaled, "NaN or an infinity"]),
+        ("vocab_2_62", lambda f: edit_config(f, vocab_size=2**62), ["vocab_size", str(2**62)]),
+        ("hidden_negative", lambda f: edit_config(f, hidden_size=-4), ["hidden_size", "-4"]),
+        ("config_fifo", impostor("config.json", os.mkfifo), ["config.json", "a FIFO"]),
+        ("config_folder", impostor("config.json", os.makedirs), ["config.json", "a folder"]),
+        ("index_fifo", impostor("model.safetensors.index.json", os.mkfifo),
+         ["model.safetensors.index.json", "a FIFO"]),
+        ("shard_fifo", impostor(missing, os.mkfifo), [missing, "a FIFO"]),
+        ("shard_folder", impostor(missing, os.makedirs), [missing, "a folder"]),
+        ("shard_device", impostor(missing, lambda p: os.symlink("/dev/zero", p)), [missing, "a character device"]),
         ("missing_shard", lambda f: os.remove(os.path.join(f, missing)), [missing]),
         ("shape", lambda f: rewrite(f, kv_norm, {kv_norm: torch.ones(RELEASE["kv_lora_rank"] + 1,
                                                                          dtype=torch.bfloat16)}),
@@ -478,6 +515,61 @@ def bad_input_case(keel, work):
         for word in named:
             check(f"{name}: the refusal does not name {word}: {output.strip()}", word in output)
         check(f"{name}: {out} was created", not os.path.exists(out))
+    interrupted_and_failing_writes(keel, good, work)
+
+
+def listing(folder):
+    """Every path under `folder`, relative, sorted: what a failed import must leave unchanged."""
+    return sorted(os.path.relpath(os.path.join(d, n), folder) for d, dirs, files in os.walk(folder)
+                  for n in dirs + files)
+
+
+def interrupted_and_failing_writes(keel, good, work):
+    """An import stopped by SIGINT or SIGTERM, or failing on a full disk at any byte (the last
+    write included), leaves OUT as it was: absent, or the empty folder it was. A leftover of an
+    import killed outright (its staging folder alone) does not block the next import. The faults
+    come from tests/support/write_fault.c, preloaded, at a chosen byte of OUT's writes."""
+    library = os.environ["KEEL_WRITE_FAULT_LIBRARY"]
+    complete = os.path.join(work, "complete_out")
+    keel.import_hf(good, complete)
+    written = sum(os.path.getsize(os.path.join(d, n)) for d, _, files in os.walk(complete) for n in files)
+    pointer = os.path.getsize(os.path.join(complete, "latest"))
+
+    def faulted_import(name, action, after, existing):
+        out = os.path.join(work, name)
+        if existing:
+            os.makedirs(out)
+        env = dict(os.environ, LD_PRELOAD=library, KEEL_WRITE_FAULT=f"{action}:{after}:{out}")
+        result = subprocess.run([keel.ckpt, "import", "--hf", good, out], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, env=env, timeout=120)
+        return out, result
+
+    expected_status = {"sigint": 130, "sigterm": 143, "enospc": 1}
+    for action, after in [("sigint", written // 3), ("sigterm", written // 3), ("enospc", 0),
+                          ("enospc", written // 2), ("enospc", written - pointer - 1),
+                          ("enospc", written - pointer)]:
+        for existing in (False, True):
+            name = f"{action}_{after}_{'existing' if existing else 'new'}"
+            out, result = faulted_import(name, action, after, existing)
+            tail = result.stdout.strip().splitlines()[-1:] or [""]
+            print(f"{name}: exit {result.returncode}: {tail[0]}")
+            check(f"{name}: exit {result.returncode}, expected {expected_status[action]}: {result.stdout[-1500:]}",
+                  result.returncode == expected_status[action])
+            check(f"{name}: a traceback or crash: {result.stdout[-1500:]}", "Traceback" not in result.stdout)
+            if existing:
+                check(f"{name}: {out} is not left as it was (empty): {listing(out)}",
+                      os.path.isdir(out) and listing(out) == [])
+            else:
+                check(f"{name}: {out} was left behind: {listing(out) if os.path.isdir(out) else out}",
+                      not os.path.exists(out))
+    # An import killed before it could clean up leaves its staging folder; the next one goes on.
+    leftover = os.path.join(work, "leftover_out")
+    os.makedirs(os.path.join(leftover, "step-0.partial"))
+    with open(os.path.join(leftover, "step-0.partial", "model.safetensors"), "wb") as f:
+        f.write(b"\0" * 1000)
+    keel.import_hf(good, leftover)
+    check(f"leftover: the import over a killed one's staging folder differs: {listing(leftover)}",
+          listing(leftover) == listing(complete))
 
 
 def main():

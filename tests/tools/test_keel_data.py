@@ -64,8 +64,8 @@ def run_bounded(command, merge=True, env=None):
 
 def check_hostile_inputs(keel_data, script, work, tokenizer_json, check):
     """Hostile tokenizer files and inputs: each refused with exit status 2 in one line naming the
-    file and what pointed at it (keel-data adds one line saying the output was not written), no
-    traceback, no Rust panic report, within seconds."""
+    file and what pointed at it (keel-data's own line, saying the output was not written, carries
+    the tokenizer step's refusal), no traceback, no Rust panic report, within seconds."""
     os.makedirs(work)
 
     def path(name):
@@ -81,7 +81,8 @@ def check_hostile_inputs(keel_data, script, work, tokenizer_json, check):
     def build(tokenizer, inputs, what, why, env=None):
         r = run_bounded([keel_data, "build", "--tokenizer", tokenizer, "--input", *inputs, "--output",
                          path("hostile.tok")], env=env)
-        refused(r, r.stdout, why, 2, what)
+        refused(r, r.stdout, why, 1, what)
+        check("hostile.tok not written" in r.stdout, f"{what}: the refusal does not say the output was not written")
         check(not os.path.exists(path("hostile.tok")), f"{what}: a token file was written")
 
     def tokenize(tokenizer, inputs, what, why):
@@ -112,11 +113,16 @@ def check_hostile_inputs(keel_data, script, work, tokenizer_json, check):
           "tokenizer_config.json: a folder, not a regular file (the tokenizer_config.json beside --tokenizer)")
     os.makedirs(path("folder_tokenizer/tokenizer.json"))
     build(path("folder_tokenizer/tokenizer.json"), [document], "tokenizer.json a folder",
-          "tokenizer.json: a folder, not a regular file (--tokenizer)")
-    # keel-data itself waits opening a FIFO given as --tokenizer, and refuses one given as
-    # --input: the tokenizer step's own refusal is checked by running it directly.
+          "--tokenizer: " + path("folder_tokenizer/tokenizer.json") + ": is a folder, expected a regular file")
     os.makedirs(path("fifo_tokenizer"))
     os.mkfifo(path("fifo_tokenizer/tokenizer.json"))
+    build(path("fifo_tokenizer/tokenizer.json"), [document], "tokenizer.json a FIFO",
+          "--tokenizer: " + path("fifo_tokenizer/tokenizer.json") + ": is a FIFO, expected a regular file")
+    os.symlink("/dev/zero", path("device.jsonl"))
+    build(tokenizer_json, [document, path("device.jsonl")], "input a device",
+          "--input: " + path("device.jsonl") + ": is a character device, expected a regular file")
+    # keel-data refuses these itself: the tokenizer step's own refusal is checked by running it
+    # directly.
     tokenize(path("fifo_tokenizer/tokenizer.json"), [document], "tokenizer.json a FIFO (the step alone)",
              "tokenizer.json: a FIFO, not a regular file (--tokenizer)")
     os.mkfifo(path("fifo.jsonl"))
@@ -139,6 +145,39 @@ def check_hostile_inputs(keel_data, script, work, tokenizer_json, check):
     build(path("panic/tokenizer.json"), [path("panic.jsonl")], "regex past its retry limit",
           "panic.jsonl:2: the tokenizer cannot encode this document: PanicException",
           env=dict(os.environ, RUST_BACKTRACE="1"))
+
+
+def check_interrupted_and_failing_writes(keel_data, work, tokenizer_json, check):
+    """SIGINT, SIGTERM and a full disk in the middle of a build: exit 130, 143 or 1, the previous
+    output intact and no staging file left. An input that is the output's staging file is
+    refused before anything is truncated. The faults come from tests/support/write_fault.c,
+    preloaded, at a chosen byte of the staging file's writes."""
+    os.makedirs(work)
+    library = os.environ["KEEL_WRITE_FAULT_LIBRARY"]
+    corpus = os.path.join(work, "corpus.txt")
+    with open(corpus, "w") as f:
+        f.write("".join(f"{SENTENCES[i % len(SENTENCES)]} #{i}\n\n" for i in range(20000)))
+    out = os.path.join(work, "out.tok")
+    for tokenized in (False, True):
+        for action, status in (("sigint", 130), ("sigterm", 143), ("enospc", 1)):
+            what = f"{'tokenized' if tokenized else 'byte-level'} build, {action} after 1 MB"
+            with open(out, "w") as f:
+                f.write("previous")
+            env = dict(os.environ, LD_PRELOAD=library, KEEL_WRITE_FAULT=f"{action}:{1 << 20}:{out}.partial")
+            args = ["--tokenizer", tokenizer_json, "--text-split", "paragraph"] if tokenized else []
+            r = run_bounded([keel_data, "build", *args, "--input", corpus, corpus, "--output", out], env=env)
+            check(r.returncode == status, f"{what}: exit {r.returncode}, expected {status}: {r.stdout[-2000:]}")
+            check("Traceback" not in r.stdout, f"{what}: a traceback: {r.stdout[-2000:]}")
+            with open(out) as f:
+                check(f.read() == "previous", f"{what}: the previous output was replaced")
+            check(not os.path.exists(out + ".partial"), f"{what}: the staging file was left")
+    staging = out + ".partial"
+    shutil.copy(corpus, staging)
+    r = run_bounded([keel_data, "build", "--input", staging, "--output", out])
+    check(r.returncode == 2 and "staging file" in r.stdout,
+          f"input is the staging file: exit {r.returncode}, expected 2 naming it: {r.stdout[-2000:]}")
+    with open(staging) as a, open(corpus) as b:
+        check(a.read() == b.read(), "input is the staging file: the input was destroyed")
 
 
 def read_token_file(path):
@@ -315,12 +354,12 @@ def main():
         "not UTF-8 paragraphs": (["--text-split", "paragraph", "--input", path("latin1.txt")],
                                  "latin1.txt:2: not UTF-8"),
         "missing tokenizer": (["--tokenizer", path("none/tokenizer.json"), "--input", txt],
-                              "--tokenizer: cannot read"),
+                              "--tokenizer: " + path("none/tokenizer.json") + ": cannot open"),
         "not a tokenizer": (["--tokenizer", txt, "--input", txt], "not a tokenizer.json"),
         "unknown --eos": (["--eos", "<|nope|>", "--input", txt], "--eos: '<|nope|>' is not a token of"),
         "no EOS found": (["--tokenizer", os.path.join(no_eos_dir, "tokenizer.json"), "--input", txt],
                          "no EOS token found"),
-        "missing input": (["--input", txt, path("absent.txt")], "--input: no file"),
+        "missing input": (["--input", txt, path("absent.txt")], "--input: " + path("absent.txt") + ": cannot open"),
         "bad --format": (["--format", "csv", "--input", txt], "--format: csv is not auto, text or jsonl"),
     }
     with open(path("latin1.txt"), "wb") as f:
@@ -342,6 +381,7 @@ def main():
     r = build("--tokenizer", tokenizer_json, "--input", txt, "--output", no_eos_dir)
     check(r.returncode == 2 and "is a folder" in r.stdout, f"output is a folder: exit {r.returncode}: {r.stdout}")
     check_hostile_inputs(keel_data, script, path("hostile"), tokenizer_json, check)
+    check_interrupted_and_failing_writes(keel_data, path("faults"), tokenizer_json, check)
 
     # A tokenized file trains (the tiny llama3, its vocabulary raised to the tokenizer's).
     if os.path.exists(path("mixed.tok")):

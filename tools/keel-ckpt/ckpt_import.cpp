@@ -32,6 +32,7 @@
 #include "metrics/step_metrics.hpp"
 #include "plugins/components.hpp"
 #include "plugins/plugin_registry.hpp"
+#include "train/stop_signal.hpp"
 
 namespace keel::ckpt {
 
@@ -141,12 +142,29 @@ void check_destination(const std::string& out) {
   if (!fs::exists(out, ec)) return;
   if (!fs::is_directory(out, ec)) throw InputError(cat(out, ": exists and is not a folder"));
   std::vector<std::string> held;
-  for (const auto& entry : fs::directory_iterator(out, ec)) held.push_back(entry.path().filename().string());
+  // An import killed before it could clean up (kill -9, a second Ctrl-C) leaves only its staging
+  // folder, never a complete checkpoint: the next import replaces it.
+  for (const auto& entry : fs::directory_iterator(out, ec))
+    if (entry.path().filename() != "step-0.partial") held.push_back(entry.path().filename().string());
   std::sort(held.begin(), held.end());  // the listing's order is the file system's
   if (!held.empty())
     throw InputError(cat(out, ": not empty (it holds ", join(held, ", "),
                          "): an import writes into a new or empty folder, never beside another checkpoint or over a "
                          "`latest` pointer"));
+}
+
+// Every value an import writes is finite, whatever the plugin checked: a NaN stored in an FP8
+// weight, or a block scale whose product overflows, shows only after dequantisation. Read in
+// slices, so that the check's temporaries stay small beside a vocabulary-sized table.
+void check_finite(const std::string& name, const at::Tensor& value, const HfCheckpoint& hf) {
+  if (!at::isFloatingType(value.scalar_type())) return;
+  const at::Tensor flat = value.reshape({-1});
+  constexpr int64_t kSlice = int64_t{1} << 20;
+  for (int64_t begin = 0; begin < flat.numel(); begin += kSlice)
+    if (!at::isfinite(flat.slice(0, begin, std::min(flat.numel(), begin + kSlice))).all().item<bool>())
+      throw InputError(cat(hf.dir(), ": the imported ", name,
+                           " holds a NaN or an infinity (as converted, after any FP8 dequantisation): the folder's "
+                           "weights are damaged"));
 }
 
 // Every Keel tensor comes from the folder, at most 4 bytes (fp32) per stored byte (FP8): a
@@ -181,6 +199,9 @@ int import_hf(const ImportOptions& options) {
   // system when freed, so memory holds about one tensor at a time.
   ::mallopt(M_MMAP_THRESHOLD, 128 * 1024);
   const auto started = std::chrono::steady_clock::now();
+  // Ctrl-C or SIGTERM stops the import between tensors: the staging folder is removed on the
+  // way out, as on any failure, and the tool exits 130 or 143.
+  install_stop_handlers();
   check_destination(options.out_dir);
   HfCheckpoint hf(options.hf_dir);
   log_info(
@@ -227,6 +248,8 @@ int import_hf(const ImportOptions& options) {
     size_t done = 0;
     auto last_report = std::chrono::steady_clock::now();
     model.import_state("hf", *source.raw(), [&](const std::string& fqn, const at::Tensor& value) {
+      throw_if_stop_requested(cat("the import into ", options.out_dir));
+      check_finite("model." + fqn, value, hf);
       out.write("model." + fqn, value);
       hf.release_reads();
       ++done;
@@ -250,13 +273,22 @@ int import_hf(const ImportOptions& options) {
     header.model_component = component;
     header.clipper_plugin = header.clipper_component = "none";
     header.config = tree.resolved_toml();
-    written = out.commit(header);
+    // The model's table first, the checkpoint's commit (a rename) last: a failure in between
+    // (a full disk, a signal) leaves no complete checkpoint behind.
     write_durably(fs::path(options.out_dir) / "model.toml", header.config);
+    throw_if_stop_requested(cat("the import into ", options.out_dir));
+    written = out.commit(header);
   } catch (...) {
-    // Nothing half-made stays behind: the partial checkpoint is gone; a folder this import
-    // created is removed when it is empty.
+    // Nothing half-made stays behind: the partial checkpoint is gone (its writer removes it),
+    // so is the model's table; a folder this import created is removed when it is empty.
     std::error_code ec;
+    fs::remove(fs::path(options.out_dir) / "model.toml", ec);
+    fs::remove(fs::path(options.out_dir) / "model.toml.partial", ec);
+    fs::remove(fs::path(options.out_dir) / "latest", ec);  // OUT held no pointer before: this import's
     if (!out_existed && fs::is_empty(options.out_dir, ec)) fs::remove(options.out_dir, ec);
+    // A stop raised inside the plugin's import reaches here as the plugin's error: named again.
+    if (const int signal = stop_requested(); signal != 0)
+      throw StopRequested(signal, cat("the import into ", options.out_dir));
     throw;
   }
   const double seconds = seconds_since(started);

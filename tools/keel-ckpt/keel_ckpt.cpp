@@ -15,6 +15,7 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "common/text.hpp"
+#include "train/stop_signal.hpp"
 
 namespace po = boost::program_options;
 
@@ -184,6 +185,9 @@ int main(int argc, char** argv) {
   if (args[0] == "--help" || args[0] == "-h") return std::fputs(kUsage, stdout), 0;
   try {
     return run(args[0], std::vector<std::string>(args.begin() + 1, args.end()));
+  } catch (const keel::StopRequested& e) {
+    keel::log_line(keel::LogLevel::error, e.what());
+    return e.exit_status();
   } catch (const keel::InputError& e) {
     keel::log_line(keel::LogLevel::error, e.what());
     return 2;

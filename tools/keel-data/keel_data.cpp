@@ -6,6 +6,7 @@
 //       a Hugging Face tokenizer (through keel_tokenize.py and the tokenizers library), the EOS
 //       id after every document, recorded in the header with the vocabulary and document count
 // Exit status: 0 written, 2 bad input (nothing written to OUT), 1 another failure.
+#include <algorithm>
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <cstdlib>
@@ -17,10 +18,12 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "common/input_file.hpp"
 #include "common/text.hpp"
 #include "data/token_file.hpp"
 #include "progress.hpp"
 #include "tokenizer_process.hpp"
+#include "train/stop_signal.hpp"
 
 namespace po = boost::program_options;
 
@@ -40,20 +43,30 @@ struct Build {
   std::string output, tokenizer, eos, format, field, text_split;
 };
 
-// The input files' total size; each must be a readable regular file, and --output none of them
-// nor a folder.
+// Whether `input` is the file at `path` (the same inode, however it is named).
+bool same_file(const std::string& input, const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::exists(path, ec) && std::filesystem::equivalent(input, path, ec);
+}
+
+// The input files' total size; each must be a readable regular file, and neither --output nor
+// the staging file it is written through (OUT.partial, removed on any failure) may be one.
 uint64_t input_bytes(const Build& build) {
   if (std::filesystem::is_directory(build.output))
     throw keel::InputError(keel::cat("--output ", build.output, " is a folder; name the token file to write"));
+  const std::string staging = build.output + ".partial";
+  // The size of the file `key` names, once it is known to be neither output.
+  auto checked_size = [&](const std::string& input, const char* key) {
+    const uint64_t size = keel::InputFile(input, key).size();
+    if (same_file(input, build.output)) throw keel::InputError(keel::cat(key, " ", input, " is also --output"));
+    if (same_file(input, staging))
+      throw keel::InputError(keel::cat(key, " ", input, " is --output's staging file ", staging,
+                                       ", which the build truncates first: rename it, or choose another --output"));
+    return size;
+  };
+  if (!build.tokenizer.empty()) checked_size(build.tokenizer, "--tokenizer");
   uint64_t total = 0;
-  for (const std::string& input : build.inputs) {
-    std::error_code ec;
-    if (!std::filesystem::is_regular_file(input, ec)) throw keel::InputError(keel::cat("--input: no file ", input));
-    if (!std::ifstream(input)) throw keel::InputError(keel::cat("--input: cannot read ", input));
-    total += std::filesystem::file_size(input);
-    if (std::filesystem::exists(build.output) && std::filesystem::equivalent(input, build.output, ec))
-      throw keel::InputError(keel::cat("--output ", build.output, " is also an input"));
-  }
+  for (const std::string& input : build.inputs) total += checked_size(input, "--input");
   return total;
 }
 
@@ -64,15 +77,16 @@ int build_byte_level(const Build& build, uint64_t total) {
   std::vector<uint32_t> tokens(chunk.size());
   uint64_t done = 0;
   for (const std::string& input : build.inputs) {
-    std::ifstream in(input, std::ios::binary);
-    while (in) {
-      in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
-      const auto n = static_cast<size_t>(in.gcount());
+    const keel::InputFile in(input, "--input");
+    for (uint64_t at = 0; at < in.size();) {
+      const auto n = static_cast<size_t>(std::min<uint64_t>(chunk.size(), in.size() - at));
+      in.read_at(at, chunk.data(), n);
       for (size_t i = 0; i < n; ++i) tokens[i] = static_cast<unsigned char>(chunk[i]);
       writer.append(tokens.data(), n);
       progress.update(done += n);
+      at += n;
+      keel::throw_if_stop_requested("the build");
     }
-    if (in.bad()) throw keel::InputError(keel::cat("cannot read ", input));
   }
   progress.finish();
   writer.close();
@@ -82,10 +96,10 @@ int build_byte_level(const Build& build, uint64_t total) {
 }
 
 int build_tokenized(const Build& build, uint64_t total) {
-  if (!std::ifstream(build.tokenizer)) throw keel::InputError(keel::cat("--tokenizer: cannot read ", build.tokenizer));
   std::vector<std::string> args = {"--tokenizer", build.tokenizer, "--format",     build.format,
                                    "--field",     build.field,     "--text-split", build.text_split};
   if (!build.eos.empty()) args.insert(args.end(), {"--eos", build.eos});
+  args.emplace_back("--refusal-record");  // its refusal comes back as our one-line message
   args.emplace_back("--");
   args.insert(args.end(), build.inputs.begin(), build.inputs.end());
   keel::data::Progress progress(total);  // from here: the summary's rate counts the interpreter's start
@@ -96,6 +110,7 @@ int build_tokenized(const Build& build, uint64_t total) {
   keel::TokenFileWriter writer(build.output, info.vocab_size, info.eos_id);
   const uint64_t documents = process.read_all(
       [&](const uint32_t* ids, size_t n) {
+        keel::throw_if_stop_requested("the build");
         writer.append(ids, n);
         writer.end_document();
       },
@@ -156,6 +171,9 @@ int run(const std::vector<std::string>& args) {
       for (const char* key : {"eos", "format", "field", "text-split"})
         if (vm.count(key) != 0 && !vm[key].defaulted())
           throw keel::InputError(keel::cat("--", key, " needs --tokenizer (the byte-level build reads bytes)"));
+    // Ctrl-C or SIGTERM stops the build between chunks: the staging file is removed on the way
+    // out (as on any failure) and keel-data exits 130 or 143.
+    keel::install_stop_handlers();
     const uint64_t total = input_bytes(build);
     return build.tokenizer.empty() ? build_byte_level(build, total) : build_tokenized(build, total);
   } catch (const keel::InputError& e) {
@@ -168,11 +186,14 @@ int run(const std::vector<std::string>& args) {
 int main(int argc, char** argv) {
   try {
     return run(std::vector<std::string>(argv + 1, argv + argc));
-  } catch (const keel::InputError& e) {
+  } catch (const std::exception& e) {  // bad input (2), or e.g. the rename into place failing (1)
+    // Ctrl-C reaches the tokenizer step too, which may fail first: the stop is what happened.
+    if (const int signal = keel::stop_requested(); signal != 0) {
+      std::fprintf(stderr, "keel-data: %s; the output was not written\n",
+                   keel::StopRequested(signal, "the build").what());
+      return 128 + signal;
+    }
     std::fprintf(stderr, "keel-data: %s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {  // e.g. the rename into place failing
-    std::fprintf(stderr, "keel-data: %s\n", e.what());
-    return 1;
+    return dynamic_cast<const keel::InputError*>(&e) != nullptr ? 2 : 1;
   }
 }

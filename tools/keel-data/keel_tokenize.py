@@ -17,7 +17,10 @@ Output (little-endian), a stream of records after one header:
   'B'      u32 documents n, u32 token count of each, then every document's ids as u32
   'P'      u64 input bytes consumed so far (all files)
   'Z'      u64 documents in all: the input was read to its end
-Bad input: one line on stderr naming the file (and line), exit status 2, no 'Z'. Every file is
+  'E'      u32 length + one line of UTF-8: the input was refused (may come before the header)
+Bad input: one line naming the file (and line), exit status 2, no 'Z'; the line goes to stderr,
+or with --refusal-record (keel-data's) into an 'E' record, which keel-data makes its own
+one-line message. Every file is
 opened through open_input (a FIFO, folder or device is refused, never waited on); whatever goes
 wrong reading or parsing one (a JSON value nested too deeply for the parser, say) is bad input
 there, and so is whatever the tokenizers library raises loading the tokenizer or encoding a
@@ -324,6 +327,8 @@ def main():
     parser.add_argument("--format", choices=["auto", "text", "jsonl"], default="auto")
     parser.add_argument("--field", default="text")
     parser.add_argument("--text-split", choices=["file", "paragraph", "line"], default="file")
+    parser.add_argument("--refusal-record", action="store_true",
+                        help="report bad input as an 'E' record on standard output (keel-data reads it)")
     parser.add_argument("inputs", nargs="+")
     args = parser.parse_args()
     try:
@@ -387,14 +392,28 @@ def main():
     out.flush()
 
 
+def refuse(message):
+    """Reports bad input and exits 2: to keel-data as an 'E' record (it prints the one line, with
+    what it did not write), or on stderr to someone running this script by hand. Read from the
+    command line itself: the refusal may come from before or during its parsing."""
+    line = " ".join(message.splitlines())
+    if "--refusal-record" not in sys.argv[1:sys.argv.index("--") if "--" in sys.argv else len(sys.argv)]:
+        print("keel-data: " + line, file=sys.stderr)
+    else:
+        data = line.encode("utf-8", "replace")[:4096].decode("utf-8", "ignore").encode("utf-8")
+        sys.stdout.buffer.write(b"E" + struct.pack("<I", len(data)) + data)
+        sys.stdout.buffer.flush()
+    sys.exit(2)
+
+
 if __name__ == "__main__":
     try:
         main()
     except BadInput as e:  # the one place input errors become a message; anything else is a bug
-        print("keel-data: " + " ".join(str(e).splitlines()), file=sys.stderr)
-        sys.exit(2)
+        refuse(str(e))
     except BrokenPipeError:  # keel-data stopped reading: it reports why
         sys.exit(1)
+    except KeyboardInterrupt:  # Ctrl-C reaches keel-data too, which reports the stop
+        sys.exit(130)
     except OSError as e:
-        print(f"keel-data: {e.filename}: {e.strerror}" if e.filename else f"keel-data: {e}", file=sys.stderr)
-        sys.exit(2)
+        refuse(f"{e.filename}: {e.strerror}" if e.filename else str(e))

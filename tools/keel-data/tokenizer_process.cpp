@@ -12,6 +12,7 @@
 
 #include "common/error.hpp"
 #include "common/text.hpp"
+#include "train/stop_signal.hpp"
 
 extern char** environ;
 
@@ -75,8 +76,9 @@ void TokenizerProcess::read_header() {
   char magic[8];
   uint64_t vocab = 0, eos = 0;
   uint32_t eos_length = 0;
-  if (!read_exact(magic, sizeof(magic)) || !read_exact(&vocab, sizeof(vocab)) || !read_exact(&eos, sizeof(eos)) ||
-      !read_exact(&eos_length, sizeof(eos_length))) {
+  if (read_exact(magic, 1) && magic[0] == 'E') read_refusal();  // refused before its header
+  if (!read_exact(magic + 1, sizeof(magic) - 1) || !read_exact(&vocab, sizeof(vocab)) ||
+      !read_exact(&eos, sizeof(eos)) || !read_exact(&eos_length, sizeof(eos_length))) {
     check(reap());  // throws: the script refused its arguments or could not start
     throw std::runtime_error("the tokenizer step exited 0 without writing its header");
   }
@@ -100,7 +102,36 @@ void TokenizerProcess::stop() {
   }
 }
 
-bool TokenizerProcess::read_exact(void* out, size_t n) { return std::fread(out, 1, n, pipe_) == n; }
+bool TokenizerProcess::read_exact(void* out, size_t n) {
+  auto* bytes = static_cast<char*>(out);
+  size_t done = 0;
+  while (done < n) {
+    done += std::fread(bytes + done, 1, n - done, pipe_);
+    if (done == n) break;
+    if (!std::ferror(pipe_) || errno != EINTR) return false;
+    // A signal: SIGINT or SIGTERM stops the build here (the script is stopped, not waited on),
+    // any other read goes on.
+    std::clearerr(pipe_);
+    if (stop_requested() != 0) {
+      stop();
+      throw_if_stop_requested("the build");
+    }
+  }
+  return true;
+}
+
+void TokenizerProcess::read_refusal() {
+  constexpr uint32_t kMaxRefusalBytes = 4096;
+  uint32_t length = 0;
+  std::string message;
+  if (read_exact(&length, sizeof(length)) && length <= kMaxRefusalBytes) {
+    message.resize(length);
+    if (!read_exact(message.data(), length)) message.clear();
+  }
+  stop();
+  if (message.empty()) throw std::runtime_error("the tokenizer step's refusal record is malformed");
+  throw InputError(message);
+}
 
 int TokenizerProcess::reap() {
   int status = 0;
@@ -149,6 +180,8 @@ uint64_t TokenizerProcess::read_all(const std::function<void(const uint32_t*, si
       uint64_t bytes = 0;
       if (!read_exact(&bytes, sizeof(bytes))) break;
       progress(bytes);
+    } else if (kind == 'E') {
+      read_refusal();
     } else if (kind == 'Z') {
       uint64_t documents = 0;
       if (!read_exact(&documents, sizeof(documents))) break;

@@ -42,6 +42,9 @@ class TokenizerProcess {
  private:
   void read_header();
   bool read_exact(void* out, size_t n);
+  // Reads the script's 'E' record (after its kind byte), stops it and throws its refusal as
+  // an InputError.
+  [[noreturn]] void read_refusal();
   // Closes the pipe, then stops and reaps the script if it is still there.
   void stop();
   // Waits for the script; its wait status.

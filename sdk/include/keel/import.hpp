@@ -103,6 +103,24 @@ inline std::string shape_text(at::IntArrayRef shape) {
   return out + "]";
 }
 
+/// The largest size an import takes from config.json (a vocabulary, a width, an expert count):
+/// three such sizes multiplied by four bytes still fit 64 bits, so a tensor shaped from them
+/// cannot overflow before the host compares its bytes with the folder's. 2^20: four times the
+/// largest published vocabulary.
+constexpr int64_t kMaxImportSize = int64_t{1} << 20;
+
+/// The size config.json gives at `field`, refused naming the field when it is missing or outside
+/// [`min`, kMaxImportSize]; `model` names what needs it ("DeepseekV3ForCausalLM").
+inline int64_t import_size(const ImportSource& source, const std::string& field, const std::string& model,
+                           int64_t min = 0) {
+  const std::optional<int64_t> value = source.integer(field);
+  if (!value) throw unsupported_config(field, "missing (" + model + " needs it)");
+  if (*value < min || *value > kMaxImportSize)
+    throw unsupported_config(field, std::to_string(*value) + " is outside [" + std::to_string(min) + ", " +
+                                        std::to_string(kMaxImportSize) + "]");
+  return *value;
+}
+
 /// `value` (the fp32 weight `name`), refused naming it and its file when it holds a NaN or an
 /// infinity: a damaged checkpoint must not start a run.
 inline at::Tensor finite_weight(const ImportSource& source, const std::string& name, at::Tensor value) {
@@ -159,7 +177,8 @@ inline at::Tensor import_weight(const ImportSource& source, const std::string& n
   // Each scale covers its tile: repeat it over the tile, cut at the matrix's edges.
   at::Tensor expanded =
       scale.repeat_interleave(block, 0).repeat_interleave(block, 1).slice(0, 0, rows).slice(1, 0, cols);
-  return stored.to(at::kFloat) * expanded;
+  // Checked after the product: a finite FP8 value times a large finite scale can overflow.
+  return finite_weight(source, name, stored.to(at::kFloat) * expanded);
 }
 
 }  // namespace keel
