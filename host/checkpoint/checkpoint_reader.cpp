@@ -34,11 +34,9 @@ std::string latest_pointer(const fs::path& root) {
   if (status.type() == fs::file_type::not_found) return "";
   constexpr uint64_t kMaxPointerBytes = 64;
   std::string text;  // anything but a small regular file is refused below as "not a pointer"
-  if (is_regular_input(file)) {
-    try {
-      text = read_input_file(file, "latest", kMaxPointerBytes);
-    } catch (const InputError&) {
-    }
+  try {
+    text = read_input_file(file, "latest", kMaxPointerBytes);
+  } catch (const InputError&) {
   }
   std::smatch m;
   if (!std::regex_match(text, m, pointer_text))

@@ -63,7 +63,6 @@ std::optional<SaveRecord> read_save_record(const fs::path& dir) {
   const fs::path path = dir / kSaveRecord;
   std::string text;
   try {
-    if (!is_regular_input(path)) return std::nullopt;
     text = read_input_file(path, "save record", kMaxSaveRecordBytes);
   } catch (const InputError&) {
     return std::nullopt;
@@ -411,9 +410,9 @@ void CheckpointWriter::prune() const {
   if (options_.keep_latest <= 0) return;
   std::string named;
   try {
-    if (is_regular_input(root / "latest")) std::istringstream(read_input_file(root / "latest", "latest", 64)) >> named;
+    std::istringstream(read_input_file(root / "latest", "latest", 64)) >> named;
   } catch (const InputError&) {
-    // not a pointer: no checkpoint is protected as the one it names
+    // absent, or not a pointer: no checkpoint is protected as the one it names
   }
   // This run's checkpoints (save record and manifest agree on the id), newest save first. A
   // checkpoint whose manifest cannot be read is not known to be this run's: it is kept.

@@ -68,7 +68,10 @@ std::map<std::string, double> Evaluation::figures() const {
 
 Evaluator::Evaluator(Job& job, PipelineRunner& runner, std::unique_ptr<TokenSource> source,
                      std::optional<int64_t> document_end)
-    : job_(job), runner_(runner), source_(std::move(source)) {
+    : job_(job),
+      runner_(runner),
+      source_(std::move(source)),
+      data_origin_(data_origin(job.config(), /*validation=*/true)) {
   const JobConfig& c = job.config();
   const MeshLayout& mesh = job.mesh().layout();
   stream_ = std::make_unique<BatchStream>(*source_, c.validation.seq_len, c.validation.global_batch, mesh.dp,
@@ -102,7 +105,7 @@ Evaluation Evaluator::run(int64_t step) {
     for (int64_t b = 0; b < c.validation.steps; ++b) {
       Batch batch = agreed_batch(
           job_.mesh().group(KEEL_GROUP_WORLD), job_.mesh().layout().rank, [&] { return stream_->next(); },
-          data_origin(c, /*validation=*/true));
+          data_origin_);
       labelled += batch.labelled_tokens;
       loss_total.add_(runner_.evaluate(batch.tokens.chunk(m, 0), batch.labels.chunk(m, 0)));
     }

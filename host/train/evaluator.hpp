@@ -50,6 +50,7 @@ class Evaluator {
   PipelineRunner& runner_;
   std::unique_ptr<TokenSource> source_;
   std::unique_ptr<BatchStream> stream_;
+  std::string data_origin_;  // where the batches come from, for a failed read's message
 };
 
 }  // namespace keel

@@ -168,6 +168,7 @@ void Trainer::open_data() {
   const JobConfig& c = job_.config();
   const MeshLayout& mesh = job_.mesh().layout();
   source_ = open_training_source(job_);
+  data_origin_ = data_origin(c, /*validation=*/false);
   const std::optional<int64_t> eos = document_end(job_, *source_);
   if (mesh.rank == 0)
     log_info(eos ? cat("documents: no label crosses a document end (labels after EOS id ", *eos, " are ignored)")
@@ -203,7 +204,7 @@ double Trainer::step(int64_t step, bool read_loss) {
   Group& world = job_.mesh().group(KEEL_GROUP_WORLD);
   job_.step_metrics().clear();
   Batch batch = agreed_batch(
-      world, job_.mesh().layout().rank, [&] { return stream_->next(); }, data_origin(c, /*validation=*/false));
+      world, job_.mesh().layout().rank, [&] { return stream_->next(); }, data_origin_);
 
   // The loss is token-summed per microbatch and divided by the step's global token count.
   at::Tensor count = at::full({}, static_cast<double>(batch.labelled_tokens), at::kDouble);

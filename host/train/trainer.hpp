@@ -126,6 +126,7 @@ class Trainer {
   std::unique_ptr<Evaluator> evaluator_;  ///< with validation.interval > 0
   std::unique_ptr<TokenSource> source_;
   std::unique_ptr<BatchStream> stream_;
+  std::string data_origin_;  // where the batches come from, for a failed read's message
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<ParameterGather> gather_;  ///< with parallelism.shard_optimizer
   bool scatter_grads_ = false;               ///< the clipper clips owned rows (buckets may be reduce-scattered)

@@ -148,36 +148,46 @@ std::string token_file(const test::TempDir& dir, size_t tokens) {
   return dir / "t.tok";
 }
 
-TEST(ChangedFiles, ATokenFileTruncatedUnderItsReaderIsANamedErrorNotASignal) {
+// The refusal of sampling a token file of `tokens` tokens, opened and sampled once, after
+// `change` was made to it; "" when every later sample is read.
+std::string refusal_after_change(size_t tokens, const std::function<void(const std::string&)>& change,
+                                 std::string* path_out) {
   test::TempDir dir;
-  const std::string path = token_file(dir, 100000);
+  const std::string path = token_file(dir, tokens);
+  *path_out = path;
   TokenFileSource source(path, 7);
-  std::vector<int64_t> sample(64);
-  source.sample(0, 64, sample.data());
-  fs::resize_file(path, 1000);
-  const std::string error = refusal([&] {
-    for (uint64_t i = 1; i < 100; ++i) source.sample(i, 64, sample.data());
+  std::vector<int64_t> sample(16);
+  source.sample(0, 16, sample.data());
+  change(path);
+  return refusal([&] {
+    for (uint64_t i = 1; i < 100; ++i) source.sample(i, 16, sample.data());
   });
+}
+
+TEST(ChangedFiles, ATokenFileTruncatedUnderItsReaderIsANamedErrorNotASignal) {
+  std::string path;
+  const std::string error = refusal_after_change(
+      100000, [](const std::string& file) { fs::resize_file(file, 1000); }, &path);
   EXPECT_NE(error.find("data.path"), std::string::npos) << error;
   EXPECT_NE(error.find(path), std::string::npos) << error;
   EXPECT_NE(error.find("changed while the job read it"), std::string::npos) << error;
 }
 
 TEST(ChangedFiles, ATokenFileRewrittenInPlaceIsRefusedRatherThanReadAsOtherData) {
-  test::TempDir dir;
-  const std::string path = token_file(dir, 10000);
-  TokenFileSource source(path, 7);
-  std::vector<int64_t> sample(16);
-  source.sample(0, 16, sample.data());
-  {
-    std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
-    file.seekp(100);
-    file.write("\x01\x00", 2);
-  }
-  // The rewrite's time, set apart from the open's even on a coarse clock.
-  const timespec times[2] = {{0, UTIME_OMIT}, {1, 0}};
-  ASSERT_EQ(::utimensat(AT_FDCWD, path.c_str(), times, 0), 0);
-  const std::string error = refusal([&] { source.sample(1, 16, sample.data()); });
+  std::string path;
+  const std::string error = refusal_after_change(
+      10000,
+      [](const std::string& file) {
+        {
+          std::fstream out(file, std::ios::in | std::ios::out | std::ios::binary);
+          out.seekp(100);
+          out.write("\x01\x00", 2);
+        }
+        // The rewrite's time, set apart from the open's even on a coarse clock.
+        const timespec times[2] = {{0, UTIME_OMIT}, {1, 0}};
+        ASSERT_EQ(::utimensat(AT_FDCWD, file.c_str(), times, 0), 0);
+      },
+      &path);
   EXPECT_NE(error.find("modified in place"), std::string::npos) << error;
 }
 

@@ -8,6 +8,7 @@
 
 #include <keel/config_keys.hpp>
 #include <keel/export.hpp>
+#include <keel/import.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -154,17 +155,12 @@ void check_destination(const std::string& out) {
 }
 
 // Every value an import writes is finite, whatever the plugin checked: a NaN stored in an FP8
-// weight, or a block scale whose product overflows, shows only after dequantisation. Read in
-// slices, so that the check's temporaries stay small beside a vocabulary-sized table.
+// weight, or a block scale whose product overflows, shows only after dequantisation.
 void check_finite(const std::string& name, const at::Tensor& value, const HfCheckpoint& hf) {
-  if (!at::isFloatingType(value.scalar_type())) return;
-  const at::Tensor flat = value.reshape({-1});
-  constexpr int64_t kSlice = int64_t{1} << 20;
-  for (int64_t begin = 0; begin < flat.numel(); begin += kSlice)
-    if (!at::isfinite(flat.slice(0, begin, std::min(flat.numel(), begin + kSlice))).all().item<bool>())
-      throw InputError(cat(hf.dir(), ": the imported ", name,
-                           " holds a NaN or an infinity (as converted, after any FP8 dequantisation): the folder's "
-                           "weights are damaged"));
+  if (!all_finite(value))
+    throw InputError(cat(hf.dir(), ": the imported ", name,
+                         " holds a NaN or an infinity (as converted, after any FP8 dequantisation): the folder's "
+                         "weights are damaged"));
 }
 
 // Every Keel tensor comes from the folder, at most 4 bytes (fp32) per stored byte (FP8): a

@@ -123,14 +123,21 @@ inline int64_t import_size(const ImportSource& source, const std::string& field,
 
 /// `value` (the fp32 weight `name`), refused naming it and its file when it holds a NaN or an
 /// infinity: a damaged checkpoint must not start a run.
-inline at::Tensor finite_weight(const ImportSource& source, const std::string& name, at::Tensor value) {
+/// Whether every element of `value` is finite (true for a tensor that is not floating-point).
+inline bool all_finite(const at::Tensor& value) {
+  if (!at::isFloatingType(value.scalar_type())) return true;
   // In slices: isfinite's temporaries over a whole vocab-sized table would double the
   // import's memory.
   const at::Tensor flat = value.reshape({-1});
   constexpr int64_t kSlice = int64_t{1} << 20;
   for (int64_t begin = 0; begin < flat.numel(); begin += kSlice)
-    if (!at::isfinite(flat.slice(0, begin, std::min(flat.numel(), begin + kSlice))).all().item<bool>())
-      throw Error(KEEL_ERROR_INVALID_ARGUMENT, "import: " + source.where(name) + " holds a NaN or an infinity");
+    if (!at::isfinite(flat.slice(0, begin, std::min(flat.numel(), begin + kSlice))).all().item<bool>()) return false;
+  return true;
+}
+
+inline at::Tensor finite_weight(const ImportSource& source, const std::string& name, at::Tensor value) {
+  if (!all_finite(value))
+    throw Error(KEEL_ERROR_INVALID_ARGUMENT, "import: " + source.where(name) + " holds a NaN or an infinity");
   return value;
 }
 
