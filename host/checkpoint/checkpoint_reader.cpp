@@ -100,11 +100,11 @@ const EntryRecord& CheckpointReader::entry(const std::string& key) const {
   return it->second;
 }
 
-const MappedSafetensors& CheckpointReader::file(const std::string& name) {
+const SafetensorsReader& CheckpointReader::file(const std::string& name) {
   auto& slot = files_[name];
   if (!slot) {
     if (name.find('/') != std::string::npos) throw InputError(cat("checkpoint ", dir_, ": bad file name '", name, "'"));
-    auto opened = std::make_unique<MappedSafetensors>((fs::path(dir_) / name).string());
+    auto opened = std::make_unique<SafetensorsReader>((fs::path(dir_) / name).string());
     // A file holds exactly what the manifest says it holds: anything else in it was not written
     // by the save that wrote the manifest.
     const std::set<std::string>& expected = file_keys_[name];
@@ -118,7 +118,7 @@ const MappedSafetensors& CheckpointReader::file(const std::string& name) {
 }
 
 at::Tensor CheckpointReader::shard_view(const std::string& key, const EntryRecord& entry, const ShardRecord& shard) {
-  const MappedSafetensors& f = file(shard.file);
+  const SafetensorsReader& f = file(shard.file);
   const std::string where = cat("checkpoint ", dir_, ", file ", shard.file, ", key '", key, "'");
   if (!f.has(key)) throw InputError(cat(where, ": the file lacks it"));
   if (f.dtype(key) != scalar_type_of(entry.dtype, where))
@@ -127,16 +127,17 @@ at::Tensor CheckpointReader::shard_view(const std::string& key, const EntryRecor
   if (f.shape(key) != shard.shape)
     throw InputError(cat(where, ": shape ", shape_text(f.shape(key)), " in the file, ", shape_text(shard.shape),
                          " in the manifest"));
+  at::Tensor data = f.read(key);
   if (verified_.insert({shard.file, key}).second) {
-    auto [data, size] = f.bytes(key);
-    std::string found = xxh64_hex(data, size);
+    const auto size = static_cast<size_t>(f.byte_size(key));
+    std::string found = xxh64_hex(data.data_ptr(), size);
     bytes_verified_ += size;
     if (found != shard.xxh64) {
       verified_.erase({shard.file, key});
       throw ChecksumMismatch(cat(where, ": damaged (xxh64 ", found, ", the manifest records ", shard.xxh64, ")"));
     }
   }
-  return f.view(key);
+  return data;
 }
 
 void CheckpointReader::read(const std::string& key, const at::Tensor& target, int32_t shard_dim, int64_t shard_offset,

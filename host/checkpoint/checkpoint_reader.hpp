@@ -1,7 +1,7 @@
 // Reads checkpoints written by CheckpointWriter, in any layout: a tensor asks for the region
 // of an entry it holds (the whole tensor, or a slice along one dimension) and receives the
-// overlapping parts of whichever shards hold it. Files are memory-mapped, so a rank reads only
-// the shards it needs; each shard's xxh64 is verified the first time it is read. A checkpoint
+// overlapping parts of whichever shards hold it. A rank reads only the shard tensors it needs
+// (with pread, through SafetensorsReader); each shard's xxh64 is verified the first time it is read. A checkpoint
 // is untrusted input: the manifest is validated whole on open (read_manifest), each file's
 // header when the file is first opened, and a file's tensor must have the dtype and shape the
 // manifest records; a tensor in a file that the manifest does not name is refused (a file
@@ -84,13 +84,13 @@ class CheckpointReader {
 
  private:
   const EntryRecord& entry(const std::string& key) const;
-  const MappedSafetensors& file(const std::string& name);
+  const SafetensorsReader& file(const std::string& name);
   at::Tensor shard_view(const std::string& key, const EntryRecord& entry, const ShardRecord& shard);
 
   std::string dir_;
   Manifest manifest_;
   std::map<std::string, std::set<std::string>> file_keys_;  // file -> the keys the manifest puts in it
-  std::map<std::string, std::unique_ptr<MappedSafetensors>> files_;
+  std::map<std::string, std::unique_ptr<SafetensorsReader>> files_;
   std::set<std::pair<std::string, std::string>> verified_;  // (file, key)
   uint64_t bytes_read_ = 0, bytes_verified_ = 0;
 };

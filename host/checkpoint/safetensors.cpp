@@ -1,7 +1,6 @@
 #include "checkpoint/safetensors.hpp"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -234,96 +233,61 @@ Header parse_header(const std::string& path, std::string_view text, uint64_t dat
 }  // namespace
 
 SafetensorsFile read_safetensors(const std::string& path, const std::string& source) {
-  const InputFile in(path, source);
-  const uint64_t file_size = in.size();
-  unsigned char first8[8];
-  if (file_size < 8) throw InputError(cat(path, ": truncated safetensors file (", file_size, " bytes)"));
-  in.read_at(0, first8, 8);
-  const uint64_t header_size = header_size_of(path, first8, file_size);
-  std::string text(header_size, '\0');
-  in.read_at(8, text.data(), text.size());
-  const uint64_t data_start = 8 + header_size;
-  Header header = parse_header(path, text, file_size - data_start);
+  const SafetensorsReader reader(path, source);
   SafetensorsFile file;
-  file.metadata = std::move(header.metadata);
-  for (const HeaderEntry& e : header.entries) {
-    const std::string where = cat(path, ": ", e.name);
-    at::Tensor t;
-    try {
-      t = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));  // at most the file's size
-    } catch (...) {
-      rethrow_as_input_error(where);
-    }
-    in.read_at(data_start + e.begin, t.data_ptr(), static_cast<size_t>(e.end - e.begin));
-    file.tensors[e.name] = t;
-  }
+  file.metadata = reader.metadata();
+  for (const std::string& key : reader.keys()) file.tensors[key] = reader.read(key);
   return file;
 }
 
-MappedSafetensors::MappedSafetensors(const std::string& path, const std::string& source) : path_(path) {
-  const InputFile file(path, source);  // the mapping outlives the descriptor
-  size_ = static_cast<size_t>(file.size());
-  if (size_ > 0) map_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, file.fd(), 0);
-  if (map_ == MAP_FAILED) {
-    map_ = nullptr;
-    throw InputError(cat("cannot map ", path, ": ", std::strerror(errno)));
-  }
-  try {
-    if (size_ < 8) throw InputError(cat(path, ": truncated safetensors file (", size_, " bytes)"));
-    const auto* base = static_cast<const unsigned char*>(map_);
-    const uint64_t header_size = header_size_of(path, base, size_);
-    const uint64_t data_start = 8 + header_size;
-    Header header =
-        parse_header(path, std::string_view(reinterpret_cast<const char*>(base) + 8, header_size), size_ - data_start);
-    for (HeaderEntry& e : header.entries)
-      entries_[e.name] = Entry{e.dtype, std::move(e.shape), data_start + e.begin, data_start + e.end};
-  } catch (...) {
-    // The destructor does not run for an object whose constructor threw.
-    if (map_ != nullptr) ::munmap(map_, size_);
-    map_ = nullptr;
-    throw;
-  }
+SafetensorsReader::SafetensorsReader(const std::string& path, const std::string& source)
+    : path_(path), source_(source) {
+  const InputFile file(path, source);
+  identity_ = file.identity();
+  const uint64_t size = file.size();
+  if (size < 8) throw InputError(cat(path, ": truncated safetensors file (", size, " bytes)"));
+  unsigned char first8[8];
+  file.read_at(0, first8, 8);
+  const uint64_t header_size = header_size_of(path, first8, size);
+  std::string text(header_size, '\0');
+  file.read_at(8, text.data(), text.size());
+  const uint64_t data_start = 8 + header_size;
+  Header header = parse_header(path, text, size - data_start);
+  metadata_ = std::move(header.metadata);
+  for (HeaderEntry& e : header.entries)
+    entries_[e.name] = Entry{e.dtype, std::move(e.shape), data_start + e.begin, data_start + e.end};
 }
 
-MappedSafetensors::~MappedSafetensors() {
-  if (map_ != nullptr) ::munmap(map_, size_);
-}
-
-const MappedSafetensors::Entry& MappedSafetensors::entry(const std::string& key) const {
+const SafetensorsReader::Entry& SafetensorsReader::entry(const std::string& key) const {
   auto it = entries_.find(key);
   if (it == entries_.end()) throw InputError(cat(path_, ": no tensor '", key, "'"));
   return it->second;
 }
 
-at::Tensor MappedSafetensors::view(const std::string& key) const {
+at::Tensor SafetensorsReader::read(const std::string& key) const {
   const Entry& e = entry(key);
-  // The mapping is read-only; views are only ever copied from.
-  void* data = static_cast<char*>(map_) + e.begin;
+  const std::string where = cat(path_, ": ", key);
+  at::Tensor t;
   try {
-    return at::from_blob(data, e.shape, at::TensorOptions().dtype(e.dtype));
+    t = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));  // at most the file's size
   } catch (...) {
-    rethrow_as_input_error(cat(path_, ": ", key));
+    rethrow_as_input_error(where);
   }
+  const InputFile file(path_, source_);
+  file.require_identity(identity_);
+  file.read_at(e.begin, t.data_ptr(), static_cast<size_t>(e.end - e.begin));
+  return t;
 }
 
-std::vector<std::string> MappedSafetensors::keys() const {
+uint64_t SafetensorsReader::byte_size(const std::string& key) const {
+  const Entry& e = entry(key);
+  return e.end - e.begin;
+}
+
+std::vector<std::string> SafetensorsReader::keys() const {
   std::vector<std::string> out;
   for (const auto& [key, e] : entries_) out.push_back(key);
   return out;
-}
-
-void MappedSafetensors::release(const std::string& key) const {
-  const Entry& e = entry(key);
-  // Whole pages inside the tensor only: a neighbour's bytes stay mapped. Dropping clean pages
-  // of a read-only file mapping loses nothing; a later touch reads them again.
-  const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-  const uint64_t first = (e.begin + page - 1) / page * page, last = e.end / page * page;
-  if (last > first) ::madvise(static_cast<char*>(map_) + first, last - first, MADV_DONTNEED);
-}
-
-std::pair<const void*, size_t> MappedSafetensors::bytes(const std::string& key) const {
-  const Entry& e = entry(key);
-  return {static_cast<const char*>(map_) + e.begin, static_cast<size_t>(e.end - e.begin)};
 }
 
 }  // namespace keel

@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/input_file.hpp"
+
 namespace keel {
 
 /// The place of one tensor in a safetensors file.
@@ -37,29 +39,24 @@ std::string safetensors_dtype(at::ScalarType type);
 /// The scalar type of a safetensors dtype code; InputError naming `where` when unknown.
 at::ScalarType scalar_type_of(const std::string& code, const std::string& where);
 
-/// A safetensors file mapped into memory: tensors are views of the mapping, read from disk only
-/// when touched. The header is validated on open, before any tensor is made: each tensor's
-/// byte count (shape x dtype, overflow-checked) equals its data_offsets' span, which lies in the
-/// data section, and the tensors tile that section exactly; a key appears once. Every error is
-/// an InputError naming the file and the key.
-class MappedSafetensors {
+/// A safetensors file read tensor by tensor. The header is validated on open, before any
+/// tensor is made: each tensor's byte count (shape x dtype, overflow-checked) equals its
+/// data_offsets' span, which lies in the data section, and the tensors tile that section
+/// exactly; a key appears once. Every error is an InputError naming the file and the key.
+/// Tensors are read with pread, not mapped: a file truncated or replaced while it is read is a
+/// named error, never SIGBUS. The file is reopened per read (a checkpoint of a thousand ranks'
+/// shards holds no thousand descriptors), and each reopening must find the version first opened.
+class SafetensorsReader {
  public:
-  /// Maps `path`; `source` names what pointed at it, for the refusal of a file that is not a
-  /// regular one.
-  explicit MappedSafetensors(const std::string& path, const std::string& source = "checkpoint shard");
-  ~MappedSafetensors();
-  MappedSafetensors(const MappedSafetensors&) = delete;
-  MappedSafetensors& operator=(const MappedSafetensors&) = delete;
+  /// Opens `path` and validates its header; `source` names what pointed at it, in refusals.
+  explicit SafetensorsReader(const std::string& path, const std::string& source = "checkpoint shard");
 
   /// Whether the file holds `key`.
   bool has(const std::string& key) const { return entries_.count(key) != 0; }
-  /// A CPU tensor viewing `key`'s bytes in the mapping (valid while this object lives).
-  at::Tensor view(const std::string& key) const;
-  /// Drops the resident pages of `key`'s data (they are read again when touched): bounds the
-  /// memory of a pass that reads a large file tensor by tensor.
-  void release(const std::string& key) const;
-  /// The raw bytes of `key`.
-  std::pair<const void*, size_t> bytes(const std::string& key) const;
+  /// A new CPU tensor holding `key`'s bytes, read from the file now.
+  at::Tensor read(const std::string& key) const;
+  /// The byte count of `key`'s data.
+  uint64_t byte_size(const std::string& key) const;
   /// The file's path.
   const std::string& path() const { return path_; }
   /// The tensors' names, sorted.
@@ -68,6 +65,8 @@ class MappedSafetensors {
   at::ScalarType dtype(const std::string& key) const { return entry(key).dtype; }
   /// The shape of `key`.
   const std::vector<int64_t>& shape(const std::string& key) const { return entry(key).shape; }
+  /// The header's "__metadata__".
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
  private:
   struct Entry {
@@ -77,10 +76,10 @@ class MappedSafetensors {
   };
   const Entry& entry(const std::string& key) const;
 
-  std::string path_;
-  void* map_ = nullptr;
-  size_t size_ = 0;
+  std::string path_, source_;
+  FileIdentity identity_;
   std::map<std::string, Entry> entries_;
+  std::map<std::string, std::string> metadata_;
 };
 
 /// A read safetensors file.
@@ -89,7 +88,7 @@ struct SafetensorsFile {
   std::map<std::string, std::string> metadata;
 };
 
-/// Reads a whole safetensors file into CPU tensors, validated as MappedSafetensors is before
+/// Reads a whole safetensors file into CPU tensors, validated as SafetensorsReader does before
 /// anything is allocated; throws InputError naming file and key.
 SafetensorsFile read_safetensors(const std::string& path, const std::string& source = "safetensors file");
 

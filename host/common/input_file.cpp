@@ -64,6 +64,7 @@ InputFile::InputFile(const fs::path& path, std::string source) : path_(path), so
   if (flags >= 0) ::fcntl(fd_, F_SETFL, flags & ~O_NONBLOCK);
   size_ = static_cast<uint64_t>(st.st_size);
   mtime_ns_ = mtime_ns(st);
+  identity_ = FileIdentity{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino), size_, mtime_ns_};
 }
 
 InputFile::~InputFile() {
@@ -106,6 +107,16 @@ void InputFile::check_unchanged() const {
         cat(source_, ": ", path_.string(), " changed while the job read it (",
             size != size_ ? cat(size_, " bytes when opened, ", size, " now") : std::string("modified in place"),
             "): stopping rather than training on other data"));
+}
+
+void InputFile::require_identity(const FileIdentity& first) const {
+  if (identity_ == first) return;
+  const std::string what =
+      identity_.device != first.device || identity_.inode != first.inode ? std::string("another file is in its place")
+      : identity_.size != first.size ? cat(first.size, " bytes when first opened, ", identity_.size, " now")
+                                     : std::string("modified in place");
+  throw InputError(cat(source_, ": ", path_.string(), " changed while it was read (", what,
+                       "): stopping rather than reading a mixture of two versions"));
 }
 
 std::string read_input_file(const fs::path& path, const std::string& source, uint64_t max_bytes) {

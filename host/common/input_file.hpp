@@ -12,6 +12,14 @@
 namespace keel {
 
 /// A regular file opened for reading; the size and modification time are those at the open.
+/// What tells one version of a file from another: a file reopened with another identity was
+/// replaced, truncated or rewritten in between.
+struct FileIdentity {
+  uint64_t device = 0, inode = 0, size = 0;
+  int64_t mtime_ns = 0;
+  bool operator==(const FileIdentity&) const = default;
+};
+
 class InputFile {
  public:
   /// Opens `path`; throws InputError naming `source` (the key or record that named the file)
@@ -21,8 +29,6 @@ class InputFile {
   InputFile(const InputFile&) = delete;
   InputFile& operator=(const InputFile&) = delete;
 
-  /// The open descriptor (for mmap); it stays owned by this object.
-  int fd() const { return fd_; }
   /// The file's size when it was opened.
   uint64_t size() const { return size_; }
   /// The file's name as given.
@@ -35,6 +41,11 @@ class InputFile {
   /// Throws InputError naming the file when its size or modification time is no longer what
   /// it was at the open (it was truncated, rewritten or replaced in place).
   void check_unchanged() const;
+  /// The file's identity when it was opened.
+  FileIdentity identity() const { return identity_; }
+  /// Throws InputError naming the file unless it is, as opened now, the version `first` records
+  /// (for a reader that reopens a file per read rather than holding a descriptor open).
+  void require_identity(const FileIdentity& first) const;
 
  private:
   std::filesystem::path path_;
@@ -42,6 +53,7 @@ class InputFile {
   int fd_ = -1;
   uint64_t size_ = 0;
   int64_t mtime_ns_ = 0;
+  FileIdentity identity_;
 };
 
 /// Reads the whole regular file at `path`, at most `max_bytes`; throws InputError naming

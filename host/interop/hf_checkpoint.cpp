@@ -69,14 +69,12 @@ HfCheckpoint::HfCheckpoint(const std::string& dir) : dir_(dir) {
       throw InputError(cat(path.string(), ": missing shard (", index_path.filename().string(), " places '", first,
                            "' and others there)"));
     }
-    shards_.push_back(std::make_unique<MappedSafetensors>(path.string(), "--hf shard"));
+    shards_.push_back(std::make_unique<SafetensorsReader>(path.string(), "--hf shard"));
     const size_t shard = shards_.size() - 1;
     for (const std::string& name : shards_.back()->keys()) {
       if (!where_.emplace(name, shard).second)
         throw InputError(cat(path.string(), ": tensor '", name, "' is also in ", file_of(name)));
-      const auto [data, bytes] = shards_.back()->bytes(name);
-      (void)data;
-      data_bytes_ += bytes;
+      data_bytes_ += shards_.back()->byte_size(name);
     }
   }
   for (const auto& [name, file] : listed) {
@@ -97,13 +95,7 @@ at::Tensor HfCheckpoint::read(const std::string& name) {
   auto it = where_.find(name);
   if (it == where_.end()) throw InputError(cat(dir_, ": no tensor '", name, "' in the checkpoint"));
   read_.insert(name);
-  pending_release_.push_back(name);
-  return shards_[it->second]->view(name);
-}
-
-void HfCheckpoint::release_reads() {
-  for (const std::string& name : pending_release_) shards_[where_.at(name)]->release(name);
-  pending_release_.clear();
+  return shards_[it->second]->read(name);
 }
 
 std::vector<std::string> HfCheckpoint::unread() const {

@@ -2,7 +2,7 @@
 // model.safetensors or in the shards model.safetensors.index.json names. Everything is
 // validated when the folder is opened, before a tensor is read: the index (plain file names,
 // every shard present, every tensor it lists in the shard it names, none in two shards) and
-// each shard's header (MappedSafetensors). The folder is untrusted: a name in it never becomes
+// each shard's header (SafetensorsReader). The folder is untrusted: a name in it never becomes
 // a path outside it. Every error is an InputError naming the file and the tensor.
 #pragma once
 
@@ -30,13 +30,10 @@ class HfCheckpoint {
   const nlohmann::json& config() const { return config_; }
   /// Whether a shard holds `name`.
   bool has(const std::string& name) const { return where_.count(name) != 0; }
-  /// The tensor `name` as stored (a read-only view of its shard's mapping); recorded as read.
+  /// The tensor `name` as stored, read from its shard now; recorded as read.
   at::Tensor read(const std::string& name);
   /// The file holding `name` ("model-00001-of-00002.safetensors").
   std::string file_of(const std::string& name) const;
-  /// Drops the resident pages of every tensor read since the last call, so a pass over the
-  /// checkpoint holds about one tensor's worth of it in memory at a time.
-  void release_reads();
   /// Tensors never read, sorted, each as "name (file)".
   std::vector<std::string> unread() const;
   /// Number of tensors.
@@ -47,10 +44,9 @@ class HfCheckpoint {
  private:
   std::string dir_;
   nlohmann::json config_;
-  std::vector<std::unique_ptr<MappedSafetensors>> shards_;
+  std::vector<std::unique_ptr<SafetensorsReader>> shards_;
   std::map<std::string, size_t> where_;  // tensor -> shard index
   std::set<std::string> read_;
-  std::vector<std::string> pending_release_;
   uint64_t data_bytes_ = 0;
 };
 

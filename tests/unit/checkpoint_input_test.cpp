@@ -70,7 +70,7 @@ TEST_F(CheckpointInput, DataOffsetsThatWrapAreRefusedByBothReaders) {
     return std::vector<uint64_t>{end - 24, end};                                      // 24 bytes: [2, 3] F32
   });
   for (const std::string& message :
-       {input_error([&] { MappedSafetensors f(shard(1)); }), input_error([&] { read_safetensors(shard(1)); })}) {
+       {input_error([&] { SafetensorsReader f(shard(1)); }), input_error([&] { read_safetensors(shard(1)); })}) {
     EXPECT_HAS(message, "rank-00001.safetensors");
     EXPECT_HAS(message, "model.w");
   }
@@ -83,7 +83,7 @@ TEST_F(CheckpointInput, NegativeDimensionsAreRefusedBeforeLibTorchSeesThem) {
     h["model.w"]["shape"] = {-2, -3};
   });
   for (const std::string& message :
-       {input_error([&] { MappedSafetensors f(shard(1)); }), input_error([&] { read_safetensors(shard(1)); })}) {
+       {input_error([&] { SafetensorsReader f(shard(1)); }), input_error([&] { read_safetensors(shard(1)); })}) {
     EXPECT_HAS(message, "rank-00001.safetensors: model.w: shape: dimension 0 is negative");
     EXPECT_EQ(message.find("Exception raised from"), std::string::npos) << message;  // no c10 stack trace
   }
@@ -97,7 +97,7 @@ TEST_F(CheckpointInput, AnElementCountThatOverflowsIsRefused) {
     h["model.w"]["shape"] = {uint64_t{1099511627781}, uint64_t{8116567128549412046}};
   });
   for (const std::string& message :
-       {input_error([&] { MappedSafetensors f(shard(1)); }), input_error([&] { read_safetensors(shard(1)); })}) {
+       {input_error([&] { SafetensorsReader f(shard(1)); }), input_error([&] { read_safetensors(shard(1)); })}) {
     EXPECT_HAS(message, "rank-00001.safetensors: model.w");
     EXPECT_HAS(message, "overflows the element count");
   }
@@ -108,7 +108,7 @@ TEST_F(CheckpointInput, OffsetsOutsideTheDataOrOverlappingAnotherTensorAreRefuse
     h["model.w"]["data_offsets"] = h["model.b"]["data_offsets"];  // [2, 3] F32 and [3] F32 differ in size
     h["model.w"]["shape"] = {3};
   });
-  EXPECT_HAS(input_error([&] { MappedSafetensors f(shard(0)); }), "inside the tensor before it");
+  EXPECT_HAS(input_error([&] { SafetensorsReader f(shard(0)); }), "inside the tensor before it");
   set_offsets([](uint64_t) { return std::vector<uint64_t>{8, 32}; });  // 24 bytes, past the 24-byte data section
   EXPECT_HAS(input_error([&] { read_safetensors(shard(1)); }), "are not inside the data (24 bytes)");
 }
@@ -120,7 +120,7 @@ TEST_F(CheckpointInput, AKeyRepeatedInAHeaderIsRefused) {
   std::string bytes(8, '\0');
   bytes[0] = static_cast<char>(header.size());
   test::write_file(shard(1), bytes + header + std::string(24, '\0'));
-  EXPECT_HAS(input_error([&] { MappedSafetensors f(shard(1)); }), "key 'model.w' appears twice");
+  EXPECT_HAS(input_error([&] { SafetensorsReader f(shard(1)); }), "key 'model.w' appears twice");
 }
 
 // --- the manifest --------------------------------------------------------------------------

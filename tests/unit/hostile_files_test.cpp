@@ -102,10 +102,10 @@ TEST_P(HostileFiles, ATokenFileIsRefusedNamingItsKey) {
                  {"validation.data", at("t.tok"), GetParam().kind});
 }
 
-TEST_P(HostileFiles, ASafetensorsFileIsRefusedReadOrMapped) {
+TEST_P(HostileFiles, ASafetensorsFileIsRefusedWholeOrByTensor) {
   make(GetParam(), at("s.safetensors"));
   expect_refused("read", [&] { read_safetensors(at("s.safetensors")); }, {at("s.safetensors"), GetParam().kind});
-  expect_refused("mapped", [&] { MappedSafetensors file(at("s.safetensors")); },
+  expect_refused("by tensor", [&] { SafetensorsReader file(at("s.safetensors")); },
                  {"checkpoint shard", at("s.safetensors"), GetParam().kind});
 }
 
@@ -189,6 +189,60 @@ TEST(ChangedFiles, ATokenFileRewrittenInPlaceIsRefusedRatherThanReadAsOtherData)
       },
       &path);
   EXPECT_NE(error.find("modified in place"), std::string::npos) << error;
+}
+
+// A shard of two tensors, its reader opened on it, and the refusal of reading both after
+// `change` was made to the file; "" when both are read.
+std::string shard_refusal_after_change(const std::function<void(const std::string&)>& change, std::string* path_out) {
+  test::TempDir dir;
+  const std::string path = dir / "s.safetensors";
+  *path_out = path;
+  write_safetensors(path, {{"a", at::arange(4096, at::kFloat)}, {"b", at::arange(4096, at::kFloat)}});
+  SafetensorsReader reader(path);
+  change(path);
+  return refusal([&] {
+    reader.read("a");
+    reader.read("b");
+  });
+}
+
+TEST(ChangedFiles, AShardTruncatedUnderItsReaderIsANamedErrorNotASignal) {
+  std::string path;
+  const std::string error =
+      shard_refusal_after_change([](const std::string& file) { fs::resize_file(file, 100); }, &path);
+  EXPECT_NE(error.find("checkpoint shard"), std::string::npos) << error;
+  EXPECT_NE(error.find(path), std::string::npos) << error;
+  EXPECT_NE(error.find("changed while it was read"), std::string::npos) << error;
+}
+
+TEST(ChangedFiles, AShardReplacedOrRewrittenUnderItsReaderIsRefusedRatherThanMixed) {
+  std::string path;
+  const std::string replaced = shard_refusal_after_change(
+      [](const std::string& file) {
+        write_safetensors(file + ".new", {{"a", at::zeros(4096, at::kFloat)}, {"b", at::zeros(4096, at::kFloat)}});
+        fs::rename(file + ".new", file);
+      },
+      &path);
+  EXPECT_NE(replaced.find("another file is in its place"), std::string::npos) << replaced;
+  const std::string rewritten = shard_refusal_after_change(
+      [](const std::string& file) {
+        const timespec times[2] = {{0, UTIME_OMIT}, {1, 0}};
+        ASSERT_EQ(::utimensat(AT_FDCWD, file.c_str(), times, 0), 0);
+      },
+      &path);
+  EXPECT_NE(rewritten.find("modified in place"), std::string::npos) << rewritten;
+  EXPECT_EQ(shard_refusal_after_change([](const std::string&) {}, &path), "");
+}
+
+TEST(ChangedFiles, AnHfShardTruncatedDuringAnImportNamesTheShard) {
+  test::TempDir dir;
+  test::write_file(dir / "config.json", "{}");
+  write_safetensors(dir / "model.safetensors", {{"w", at::ones({64, 64})}});
+  HfCheckpoint hf(dir.path());
+  fs::resize_file(dir / "model.safetensors", 200);
+  const std::string error = refusal([&] { hf.read("w"); });
+  EXPECT_NE(error.find("--hf shard"), std::string::npos) << error;
+  EXPECT_NE(error.find("model.safetensors"), std::string::npos) << error;
 }
 
 TEST(ChangedFiles, AReadPastTheEndOfAShrunkFileNamesTheFileAndTheSizes) {

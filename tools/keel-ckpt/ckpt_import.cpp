@@ -247,7 +247,6 @@ int import_hf(const ImportOptions& options) {
       throw_if_stop_requested(cat("the import into ", options.out_dir));
       check_finite("model." + fqn, value, hf);
       out.write("model." + fqn, value);
-      hf.release_reads();
       ++done;
       if (seconds_since(last_report) >= 2.0) {
         last_report = std::chrono::steady_clock::now();

@@ -141,8 +141,9 @@ int import_model(const std::vector<std::string>& args) {
       "  matching [model] table to OUT/model.toml. The model plugin reads config.json and maps every\n"
       "  tensor: the one --plugin names, or else the one model on the plugin search path that accepts the\n"
       "  folder. --flavor and --set give the keys config.json does not (training settings such as\n"
-      "  mtp_loss_scale); its shapes cannot be overridden. Tensors are read memory-mapped and written one\n"
-      "  at a time. On failure nothing is left in OUT; OUT must be new or empty.\nOptions");
+      "  mtp_loss_scale); its shapes cannot be overridden. Tensors are read and written one at a time;\n"
+      "  a shard that changes while it is read is refused. On failure nothing is left in OUT; OUT must be new or "
+      "empty.\nOptions");
   c.options.add_options()("hf", po::value<std::string>(), "the Hugging Face folder to import")(
       "plugin", po::value<std::string>(), "the model plugin (a name or a path)")(
       "component", po::value<std::string>(), "the model component, when the plugin has several")(
