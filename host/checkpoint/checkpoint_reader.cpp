@@ -117,7 +117,8 @@ const SafetensorsReader& CheckpointReader::file(const std::string& name) {
   return *slot;
 }
 
-at::Tensor CheckpointReader::shard_view(const std::string& key, const EntryRecord& entry, const ShardRecord& shard) {
+const SafetensorsReader& CheckpointReader::checked_file(const std::string& key, const EntryRecord& entry,
+                                                        const ShardRecord& shard) {
   const SafetensorsReader& f = file(shard.file);
   const std::string where = cat("checkpoint ", dir_, ", file ", shard.file, ", key '", key, "'");
   if (!f.has(key)) throw InputError(cat(where, ": the file lacks it"));
@@ -127,7 +128,14 @@ at::Tensor CheckpointReader::shard_view(const std::string& key, const EntryRecor
   if (f.shape(key) != shard.shape)
     throw InputError(cat(where, ": shape ", shape_text(f.shape(key)), " in the file, ", shape_text(shard.shape),
                          " in the manifest"));
+  return f;
+}
+
+at::Tensor CheckpointReader::shard_view(const std::string& key, const EntryRecord& entry, const ShardRecord& shard) {
+  const SafetensorsReader& f = checked_file(key, entry, shard);
+  const std::string where = cat("checkpoint ", dir_, ", file ", shard.file, ", key '", key, "'");
   at::Tensor data = f.read(key);
+  bytes_loaded_ += f.byte_size(key);
   if (verified_.insert({shard.file, key}).second) {
     const auto size = static_cast<size_t>(f.byte_size(key));
     std::string found = xxh64_hex(data.data_ptr(), size);
@@ -192,9 +200,10 @@ void CheckpointReader::check_entry(const std::string& key) {
 
 at::Tensor CheckpointReader::read_whole(const std::string& key) {
   const EntryRecord& e = entry(key);
-  // Every shard's file entry checked first: the tensor allocated below is then no larger than
-  // the bytes on disk that hold it, whatever shape the manifest claims.
-  check_entry(key);
+  // Every shard's file header checked first: the tensor allocated below is then no larger than
+  // the bytes on disk that hold it, whatever shape the manifest claims. The data are read and
+  // their checksums verified once, by read().
+  for (const ShardRecord& s : e.shards) checked_file(key, e, s);
   at::Tensor out;
   try {
     out = at::empty(e.shape, at::TensorOptions().dtype(scalar_type_of(e.dtype, key)));

@@ -62,7 +62,7 @@ class CheckpointReader {
   /// global dimension of `global_dim_size`. The dtype and global shape must match.
   void read(const std::string& key, const at::Tensor& target, int32_t shard_dim = -1, int64_t shard_offset = 0,
             int64_t global_dim_size = 0);
-  /// The whole of entry `key` as a CPU tensor.
+  /// The whole of entry `key` as a CPU tensor; each shard read and its checksum verified once.
   at::Tensor read_whole(const std::string& key);
   /// Checks every shard of entry `key` — its file's header, its dtype and shape against the
   /// manifest, its checksum — without copying it; throws InputError naming file and key.
@@ -81,10 +81,14 @@ class CheckpointReader {
   uint64_t bytes_read() const { return bytes_read_; }
   /// Bytes whose checksum was verified so far.
   uint64_t bytes_verified() const { return bytes_verified_; }
+  /// Bytes read from the shard files so far.
+  uint64_t bytes_loaded() const { return bytes_loaded_; }
 
  private:
   const EntryRecord& entry(const std::string& key) const;
   const SafetensorsReader& file(const std::string& name);
+  // The file holding `shard`, its entry for `key` checked against the manifest (no data read).
+  const SafetensorsReader& checked_file(const std::string& key, const EntryRecord& entry, const ShardRecord& shard);
   at::Tensor shard_view(const std::string& key, const EntryRecord& entry, const ShardRecord& shard);
 
   std::string dir_;
@@ -92,7 +96,7 @@ class CheckpointReader {
   std::map<std::string, std::set<std::string>> file_keys_;  // file -> the keys the manifest puts in it
   std::map<std::string, std::unique_ptr<SafetensorsReader>> files_;
   std::set<std::pair<std::string, std::string>> verified_;  // (file, key)
-  uint64_t bytes_read_ = 0, bytes_verified_ = 0;
+  uint64_t bytes_read_ = 0, bytes_verified_ = 0, bytes_loaded_ = 0;
 };
 
 }  // namespace keel

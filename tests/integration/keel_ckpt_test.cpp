@@ -104,30 +104,50 @@ TEST_F(KeelCkpt, VerifyChecksEveryShard) {
              "ok: " + std::to_string(entries) + " shards of " + std::to_string(entries) + " entries verified");
 }
 
+// Flips one byte inside `key`'s data in safetensors file `file`; the header stays valid.
+void flip_data_byte(const std::string& file, const std::string& key) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  uint64_t header_size = 0;
+  f.read(reinterpret_cast<char*>(&header_size), 8);
+  std::string header(header_size, '\0');
+  f.read(header.data(), static_cast<std::streamsize>(header_size));
+  const auto begin = nlohmann::json::parse(header).at(key).at("data_offsets").at(0).get<uint64_t>();
+  const auto at = static_cast<std::streamoff>(8 + header_size + begin + 2);
+  char byte = 0;
+  f.seekg(at);
+  f.read(&byte, 1);
+  byte = static_cast<char>(byte ^ 0x10);
+  f.seekp(at);
+  f.write(&byte, 1);
+}
+
 TEST_F(KeelCkpt, VerifyRefusesAFlippedDataByteNamingFileAndKey) {
   test::TempDir copy;
   const std::string damaged = copy / "step-2";
   fs::copy(step(2), damaged, fs::copy_options::recursive);
-  const std::string file = damaged + "/rank-00000.safetensors", key = "model.norm.weight";
-  {
-    // One byte inside the tensor's data; the header stays valid.
-    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-    uint64_t header_size = 0;
-    f.read(reinterpret_cast<char*>(&header_size), 8);
-    std::string header(header_size, '\0');
-    f.read(header.data(), static_cast<std::streamsize>(header_size));
-    const auto begin = nlohmann::json::parse(header).at(key).at("data_offsets").at(0).get<uint64_t>();
-    const auto at = static_cast<std::streamoff>(8 + header_size + begin + 2);
-    char byte = 0;
-    f.seekg(at);
-    f.read(&byte, 1);
-    byte = static_cast<char>(byte ^ 0x10);
-    f.seekp(at);
-    f.write(&byte, 1);
-  }
+  const std::string key = "model.norm.weight";
+  flip_data_byte(damaged + "/rank-00000.safetensors", key);
   auto r = test::run_command(keel_ckpt("verify " + damaged));
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_HAS(r.output, "file rank-00000.safetensors, key '" + key + "': damaged");
+}
+
+// diff reads each shard once, yet names no difference before every shard it compares is
+// verified: the damaged entry sorts after entries that differ.
+TEST_F(KeelCkpt, DiffRefusesADamagedCheckpointBeforeNamingAnyDifference) {
+  test::TempDir copy;
+  const std::string damaged = copy / "step-4";
+  fs::copy(step(4), damaged, fs::copy_options::recursive);
+  std::string last;
+  const CheckpointReader reader(damaged);
+  for (const auto& [key, entry] : reader.manifest().entries)
+    if (!key.starts_with("rng.") && entry.shards.front().file == "rank-00000.safetensors") last = key;
+  ASSERT_FALSE(last.empty());
+  flip_data_byte(damaged + "/rank-00000.safetensors", last);
+  auto r = test::run_command(keel_ckpt("diff " + step(2) + " " + damaged));
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_HAS(r.output, "key '" + last + "': damaged");
+  EXPECT_EQ(r.output.find("differs"), std::string::npos) << r.output;
 }
 
 TEST_F(KeelCkpt, DiffOfACheckpointWithItselfIsIdentical) {

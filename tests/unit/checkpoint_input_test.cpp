@@ -306,6 +306,20 @@ TEST_F(CheckpointInput, VerificationReportsEveryProblemAndVerifyShareNeverThrows
   EXPECT_THROW(reader.verify_all(), InputError);
 }
 
+// Reading an entry whole checks every shard's header before it allocates, then reads each shard
+// once and verifies its checksum on the way; a damaged shard is still refused.
+TEST_F(CheckpointInput, AnEntryReadWholeReadsEachShardOnceAndStillVerifiesIt) {
+  {
+    CheckpointReader reader(step());
+    EXPECT_TRUE(at::equal(reader.read_whole("model.w"), test::forged_w()));
+    EXPECT_EQ(reader.bytes_loaded(), test::forged_w().nbytes());
+    EXPECT_EQ(reader.bytes_verified(), test::forged_w().nbytes());
+  }
+  craft([](Manifest& m) { m.entries["model.w"].shards[1].xxh64 = "0123456789abcdef"; });
+  CheckpointReader reader(step());
+  EXPECT_THROW(reader.read_whole("model.w"), ChecksumMismatch);
+}
+
 // A claimed shape is not allocated before the files show they hold its bytes.
 TEST_F(CheckpointInput, AHugeClaimedShapeIsNotAllocatedBeforeItsShardsAreChecked) {
   craft([](Manifest& m) {

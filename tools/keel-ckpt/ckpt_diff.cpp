@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <cstring>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "checkpoint/safetensors.hpp"
 #include "ckpt_commands.hpp"
@@ -43,25 +45,25 @@ int diff(const std::string& path_a, const std::string& path_b, const DiffOptions
   for (const CheckpointReader* r : {&a, &b})
     for (const auto& [key, entry] : r->manifest().entries)
       if (compared(key, options)) keys.insert(key);
-  // Both sides' shards checked before anything is compared: a malformed or damaged checkpoint
-  // is refused (exit 2), whether or not its entries would have been read.
-  for (CheckpointReader* r : {&a, &b})
-    for (const std::string& key : keys)
-      if (r->has(key)) r->check_entry(key);
+  // Every shard of both sides is read and its checksum verified before any finding is printed:
+  // a malformed or damaged checkpoint is refused (exit 2), whether or not its entries differ.
+  // Findings are therefore kept until the end; each shard is read once.
   const bool bitwise = options.rtol == 0 && options.atol == 0;
   c10::NoGradGuard no_grad;
-  size_t differ = 0;
+  std::vector<std::string> findings;
   for (const std::string& key : keys) {
     if (!a.has(key) || !b.has(key)) {
-      std::printf("only in %s  %s\n", a.has(key) ? "a" : "b", key.c_str());
-      ++differ;
+      (a.has(key) ? a : b).check_entry(key);
+      findings.push_back(format("only in %s  %s", a.has(key) ? "a" : "b", key.c_str()));
       continue;
     }
     const EntryRecord &ea = a.manifest().entries.at(key), &eb = b.manifest().entries.at(key);
     if (ea.dtype != eb.dtype || ea.shape != eb.shape) {
-      std::printf("differs    %s  %s %s vs %s %s\n", key.c_str(), ea.dtype.c_str(),
-                  cat(at::IntArrayRef(ea.shape)).c_str(), eb.dtype.c_str(), cat(at::IntArrayRef(eb.shape)).c_str());
-      ++differ;
+      a.check_entry(key);
+      b.check_entry(key);
+      findings.push_back(format("differs    %s  %s %s vs %s %s", key.c_str(), ea.dtype.c_str(),
+                                cat(at::IntArrayRef(ea.shape)).c_str(), eb.dtype.c_str(),
+                                cat(at::IntArrayRef(eb.shape)).c_str()));
       continue;
     }
     at::Tensor x = a.read_whole(key), y = b.read_whole(key);
@@ -69,11 +71,12 @@ int diff(const std::string& path_a, const std::string& path_b, const DiffOptions
     const bool same = bitwise ? bitwise_equal(x, y)
                               : at::isclose(xd, yd, options.rtol, options.atol, /*equal_nan=*/true).all().item<bool>();
     if (same) continue;
-    ++differ;
     at::Tensor gap = (xd - yd).abs();
     const double max_diff = gap.numel() == 0 ? 0.0 : gap.max().item<double>();
-    std::printf("differs    %s  max |diff| %.6g\n", key.c_str(), max_diff);
+    findings.push_back(format("differs    %s  max |diff| %.6g", key.c_str(), max_diff));
   }
+  for (const std::string& line : findings) std::printf("%s\n", line.c_str());
+  const size_t differ = findings.size();
   const std::string within =
       bitwise ? std::string("bitwise") : format("within rtol %g, atol %g", options.rtol, options.atol);
   if (differ == 0)
