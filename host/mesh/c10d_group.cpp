@@ -178,7 +178,19 @@ Rendezvous Rendezvous::from_environment(int rank, int world_size, std::chrono::m
       throw InputError(cat("MASTER_PORT='", port, "' is not a port number"));
     r.master_port = static_cast<int>(value);
   }
-  if (const char* fd = std::getenv("KEEL_MASTER_LISTEN_FD"); rank == 0 && fd != nullptr && *fd != '\0')
+  // torchrun's elastic agent hosts the store at its MASTER_ADDR:MASTER_PORT and says so; a
+  // rank 0 that tried to bind the port too would log a failed bind before falling back.
+  if (const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE"); agent != nullptr)
+    r.agent_store = std::string(agent) == "True";
+  if (const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT"); attempt != nullptr && *attempt != '\0') {
+    char* end = nullptr;
+    const long value = std::strtol(attempt, &end, 10);
+    if (*end != '\0' || value < 0 || value > std::numeric_limits<int>::max())
+      throw InputError(cat("TORCHELASTIC_RESTART_COUNT='", attempt, "' is not a restart count"));
+    r.key_prefix = cat("keel/attempt-", value, "/");
+  }
+  if (const char* fd = std::getenv("KEEL_MASTER_LISTEN_FD");
+      rank == 0 && !r.agent_store && fd != nullptr && *fd != '\0')
     r.listen_fd = listening_socket(fd, r.master_port);
   return r;
 }
@@ -192,7 +204,7 @@ C10dWorld::C10dWorld(const Rendezvous& r) : impl_(std::make_unique<Impl>()) {
   impl_->rendezvous = r;
   c10d::TCPStoreOptions opts;
   opts.port = static_cast<uint16_t>(r.master_port);
-  opts.isServer = r.rank == 0;
+  opts.isServer = r.rank == 0 && !r.agent_store;
   opts.numWorkers = r.world_size;
   opts.waitWorkers = true;
   opts.timeout = r.timeout;
@@ -215,7 +227,7 @@ std::unique_ptr<Group> C10dWorld::make_group(const std::string& name, const std:
   auto it = std::find(members.begin(), members.end(), me);
   if (it == members.end()) throw std::invalid_argument(cat("rank ", me, " is not a member of group ", name));
   int group_rank = static_cast<int>(it - members.begin());
-  auto prefixed = c10::make_intrusive<c10d::PrefixStore>("keel/" + name, impl_->store);
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(impl_->rendezvous.key_prefix + name, impl_->store);
   auto options = c10d::ProcessGroupGloo::Options::create();
   options->timeout = impl_->rendezvous.timeout;
   // Loopback jobs stay on loopback; otherwise GLOO_SOCKET_IFNAME or the host's own address.
@@ -238,7 +250,8 @@ std::unique_ptr<Group> C10dWorld::make_group(const std::string& name, const std:
     // would reuse the group's communicator, one stream for every peer.
     auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
     nccl_options->timeout = impl_->rendezvous.timeout;
-    auto nccl_store = c10::make_intrusive<c10d::PrefixStore>("keel/" + name + "/nccl", impl_->store);
+    auto nccl_store =
+        c10::make_intrusive<c10d::PrefixStore>(impl_->rendezvous.key_prefix + name + "/nccl", impl_->store);
     nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(nccl_store, group_rank, size, nccl_options);
 #else
     throw std::runtime_error("this Keel was built without NCCL: a CUDA job of several ranks cannot run");

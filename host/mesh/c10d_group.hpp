@@ -24,16 +24,25 @@ struct Rendezvous {
   /// (KEEL_MASTER_LISTEN_FD), so that no other process can take the port between its choice
   /// and the store's start; -1 when the store binds the port itself.
   int listen_fd = -1;
+  /// torchrun's agent already serves the store at master_addr:master_port
+  /// (TORCHELASTIC_USE_AGENT_STORE=True): every rank, rank 0 included, connects as a client.
+  bool agent_store = false;
+  /// Prefix of every key this job puts in the store: "keel/", or "keel/attempt-N/" under
+  /// torchrun (TORCHELASTIC_RESTART_COUNT), so a restarted job never meets an earlier
+  /// attempt's keys in the agent's store, which outlives its workers.
+  std::string key_prefix = "keel/";
 
-  /// Reads MASTER_ADDR / MASTER_PORT (defaults above) and, on rank 0, KEEL_MASTER_LISTEN_FD
-  /// (checked to be a listening socket on MASTER_PORT) for `rank` of `world_size`.
+  /// Reads MASTER_ADDR / MASTER_PORT (defaults above), torchrun's TORCHELASTIC_USE_AGENT_STORE
+  /// and TORCHELASTIC_RESTART_COUNT and, on rank 0, KEEL_MASTER_LISTEN_FD (checked to be a
+  /// listening socket on MASTER_PORT) for `rank` of `world_size`.
   static Rendezvous from_environment(int rank, int world_size, std::chrono::milliseconds timeout);
 };
 
 /// The job's store and the factory of its groups.
 class C10dWorld {
  public:
-  /// Connects to (rank 0: serves) the job's TCPStore; blocks until every rank has joined.
+  /// Connects to (rank 0, unless torchrun's agent serves it: serves) the job's TCPStore; blocks
+  /// until every rank has joined.
   explicit C10dWorld(const Rendezvous& rendezvous);
   ~C10dWorld();
   C10dWorld(const C10dWorld&) = delete;
