@@ -31,6 +31,21 @@ at::Tensor interleaved_to_half(const at::Tensor& weight, int64_t heads) {
   return weight.reshape({heads, head_dim / 2, 2, dim}).transpose(1, 2).reshape({rows, dim}).contiguous();
 }
 
+namespace {
+
+// transformers 5's rope_parameters: the type, theta and, for Llama 3.1's scaling, its fields.
+nlohmann::ordered_json rope_parameters(const Args& a) {
+  if (a.rope_scaling != "llama3") return {{"rope_type", "default"}, {"rope_theta", a.rope_theta}};
+  return {{"rope_type", "llama3"},
+          {"rope_theta", a.rope_theta},
+          {"factor", a.rope_factor},
+          {"low_freq_factor", a.rope_low_freq_factor},
+          {"high_freq_factor", a.rope_high_freq_factor},
+          {"original_max_position_embeddings", a.rope_original_max_position}};
+}
+
+}  // namespace
+
 std::string hf_config_json(const Args& a, at::ScalarType dtype) {
   const std::string type = keel::transformers_dtype(dtype);
   nlohmann::ordered_json config = {
@@ -45,9 +60,9 @@ std::string hf_config_json(const Args& a, at::ScalarType dtype) {
       {"head_dim", a.head_dim()},
       {"hidden_act", "silu"},
       {"rms_norm_eps", a.norm_eps},
-      // Keel's RoPE has no length limit; Llama 3's context length stands in.
-      {"max_position_embeddings", 8192},
-      {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", a.rope_theta}}},
+      // Keel's RoPE has no length limit; Llama 3's context length (3.1's when scaled) stands in.
+      {"max_position_embeddings", a.rope_scaling == "llama3" ? 131072 : 8192},
+      {"rope_parameters", rope_parameters(a)},
       {"attention_bias", false},
       {"attention_dropout", 0.0},
       {"mlp_bias", false},

@@ -15,6 +15,23 @@ void refuse_true(const keel::ImportSource& source, const std::string& field, con
   if (source.boolean(field).value_or(false)) throw keel::unsupported_config(field, why);
 }
 
+// Llama 3.1's rope_type "llama3" fields of `table` (rope_parameters or rope_scaling), each
+// required as transformers requires it; their ranges are the model table's to check.
+void import_rope_scaling(const keel::ImportSource& source, const std::string& table, keel::ImportedConfig& out) {
+  auto real = [&](const char* name) {
+    const std::string field = table + "." + name;
+    const std::optional<double> value = source.real(field);
+    if (!value) throw keel::unsupported_config(field, "missing (rope_type \"llama3\" needs it)");
+    return *value;
+  };
+  out.set("rope_scaling", "llama3");
+  out.set("rope_factor", real("factor"));
+  out.set("rope_low_freq_factor", real("low_freq_factor"));
+  out.set("rope_high_freq_factor", real("high_freq_factor"));
+  out.set("rope_original_max_position",
+          keel::import_size(source, table + ".original_max_position_embeddings", "rope_type \"llama3\"", 1));
+}
+
 }  // namespace
 
 void import_hf_config(const keel::ImportSource& source, keel::ImportedConfig& out) {
@@ -33,11 +50,18 @@ void import_hf_config(const keel::ImportSource& source, keel::ImportedConfig& ou
   refuse_true(source, "attention_bias", "true; Keel's Llama 3 has no attention biases");
   refuse_true(source, "mlp_bias", "true; Keel's Llama 3 has no MLP biases");
   // transformers 5 writes rope_parameters; older files rope_theta and rope_scaling.
+  std::string scaled_by;  // the table that names rope_type "llama3", if any
   for (const char* field : {"rope_parameters.rope_type", "rope_scaling.rope_type", "rope_scaling.type"}) {
     const std::string type = source.string(field).value_or("default");
-    if (type != "default")
-      throw keel::unsupported_config(field, "'" + type + "'; Keel's Llama 3 has plain RoPE (no context scaling)");
+    if (type == "llama3") {
+      const std::string table = std::string(field).substr(0, std::string(field).find('.'));
+      if (scaled_by.empty()) scaled_by = table;
+    } else if (type != "default") {
+      throw keel::unsupported_config(
+          field, "'" + type + "'; Keel's Llama 3 has plain RoPE (\"default\") or Llama 3.1's scaling (\"llama3\")");
+    }
   }
+  if (!scaled_by.empty()) import_rope_scaling(source, scaled_by, out);
   std::optional<double> theta = source.real("rope_parameters.rope_theta");
   if (!theta) theta = source.real("rope_theta");
   out.set("dim", dim);

@@ -7,6 +7,8 @@
 
 #include <cmath>
 
+#include "llama3_rope.hpp"
+
 namespace llama3 {
 
 namespace {
@@ -125,8 +127,7 @@ at::Tensor Part::trunk(const at::Tensor& tokens, const at::Tensor* activation, c
                        const at::Tensor* positions) const {
   at::Tensor h = first_ ? at::embedding(*tok_embeddings_, tokens) : *activation;
   const int64_t batch = h.size(0), seq = h.size(1), half = args_.head_dim() / 2;
-  at::Tensor freqs = at::pow(args_.rope_theta, at::arange(half, h.options().dtype(at::kFloat)) *
-                                                   (-2.0 / static_cast<double>(args_.head_dim())));
+  const at::Tensor freqs = rope_frequencies(args_, h.options());
   // Per sample where positions restart at each document, else one row of positions for all.
   const at::Tensor angles =
       positions != nullptr ? (positions->to(at::kFloat).unsqueeze(-1) * freqs).view({batch, seq, 1, half})

@@ -74,6 +74,6 @@ class Llama3 {
 
 }  // namespace
 
-KEEL_PLUGIN("llama3", "1.5.0",
+KEEL_PLUGIN("llama3", "1.6.0",
             keel::model_component<Llama3>("llama3", "Llama 3 (RMSNorm, RoPE, grouped-query attention, SwiGLU)",
                                           KEEL_HOOK_PRE_CLIP_CAPTURE_SAFE | KEEL_HOOK_PRE_CLIP_REPLICAS_ONLY))

@@ -116,10 +116,17 @@ TEST(KeelPlugin, InspectPrintsDescriptorAndRefusesNonPlugins) {
   EXPECT_HAS(ok.output, "             norm_type  string   \"2\"  \"2\" (L2 norm) or \"inf\"");
   auto model = test::run_command(test::bin_dir() + "/keel-plugin inspect llama3 --plugin-path " + test::plugin_dir());
   ASSERT_EQ(model.status, 0) << model.output;
-  EXPECT_HAS(model.output, "flavor          string   \"debug\"  the named size: tiny, debug, 8b");
+  EXPECT_HAS(model.output,
+             "flavor                      string   \"debug\"  the named size: tiny, debug, 8b, 3.1-8b, 3.1-70b, "
+             "3.1-405b, 3.2-1b, 3.2-3b, 3.3-70b");
   EXPECT_HAS(model.output, "recompute [extension; modes: selective, lean, full], activation estimate [extension]");
   EXPECT_HAS(model.output,
-             "dim             integer  -        from the flavor: tiny 64, debug 256, 8b 4096; at least 1");
+             "dim                         integer  -        from the flavor: tiny 64, debug 256, 8b 4096, 3.1-8b 4096, "
+             "3.1-70b 8192, 3.1-405b 16384, 3.2-1b 2048, 3.2-3b 3072, 3.3-70b 8192; at least 1");
+  EXPECT_HAS(
+      model.output,
+      "rope_scaling                string   -        from the flavor: tiny \"none\", debug \"none\", 8b \"none\", "
+      "3.1-8b \"llama3\"");
   auto deepseek =
       test::run_command(test::bin_dir() + "/keel-plugin inspect deepseek_v3_mtp --plugin-path " + test::plugin_dir());
   EXPECT_EQ(deepseek.status, 0) << deepseek.output;

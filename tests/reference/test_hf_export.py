@@ -2,7 +2,7 @@
 
   test_hf_export.py CASE KEEL_BIN_DIR DUMP_TOOL CONFIG WORK_DIR
 
-Trains the tiny flavor of CASE (deepseek_v3 | llama3 | llama3_tied) for 2 steps with a
+Trains the tiny flavor of CASE (deepseek_v3 | llama3 | llama3_tied | llama3_scaled) for 2 steps with a
 checkpoint at step 2, exports that checkpoint with `keel-ckpt export --hf` and `keel-ckpt export
 --keel`, loads the first with transformers' AutoModelForCausalLM.from_pretrained (every tensor
 must be used and none missing, but for deepseek_v3's MTP layers, which transformers does not
@@ -10,6 +10,9 @@ model), and compares its logits on a fixed batch with Keel's logits of
 the same weights (DUMP_TOOL weights=<the --keel file>). Tolerance: rtol 1e-5, atol 1e-6. Exits
 non-zero on a miss. llama3_tied trains with model.tie_embeddings = true: the export must say
 tie_word_embeddings, hold no lm_head.weight, and transformers must tie its head to the table.
+llama3_scaled trains with Llama 3.1's RoPE scaling (an original context of 64 positions, so the
+32 compared positions meet every regime of it): the export must say rope_type "llama3" with its
+fields, and transformers' scaled RoPE must give Keel's logits.
 """
 import glob
 import json
@@ -39,6 +42,10 @@ def main():
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     model_sets = ["tie_embeddings=true"] if tied else []
+    scaled = {"rope_factor": 8.0, "rope_low_freq_factor": 1.0, "rope_high_freq_factor": 4.0,
+              "rope_original_max_position": 64}
+    if case == "llama3_scaled":
+        model_sets = ['rope_scaling="llama3"'] + [f"{key}={value}" for key, value in scaled.items()]
     # The shipped configs keep the model's settings in its component table, [model.<component>].
     table = "model." + ("deepseek_v3_mtp" if case == "deepseek_v3" else "llama3") + "."
     sets = [arg for key in model_sets for arg in ("--set", table + key)]
@@ -56,8 +63,17 @@ def main():
     failures = []
     if case.startswith("llama3"):
         with open(os.path.join(hf_dir, "config.json")) as f:
-            if json.load(f)["tie_word_embeddings"] != tied:
-                failures.append(f"config.json: tie_word_embeddings is not {tied}")
+            exported = json.load(f)
+        if exported["tie_word_embeddings"] != tied:
+            failures.append(f"config.json: tie_word_embeddings is not {tied}")
+        rope = exported["rope_parameters"]
+        if case == "llama3_scaled":
+            wanted = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 64}
+            if any(rope.get(key) != value for key, value in wanted.items()):
+                failures.append(f"config.json: rope_parameters {rope}, expected {wanted}")
+        elif rope.get("rope_type") != "default":
+            failures.append(f"config.json: rope_parameters {rope}, expected rope_type default")
         names = set()
         for path in glob.glob(os.path.join(hf_dir, "*.safetensors")):
             names.update(load_file(path).keys())

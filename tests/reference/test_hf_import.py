@@ -2,7 +2,9 @@
 
   test_hf_import.py CASE KEEL_BIN_DIR LLAMA3_DUMP SOURCE_DIR WORK_DIR
 
-CASE is llama3 or llama3_tied. transformers builds a small random model and saves it sharded
+CASE is llama3, llama3_tied or llama3_scaled (Llama 3.1's RoPE scaling, rope_type "llama3", with an
+original context of 64 positions so that the 32 compared positions meet scaled, blended and kept
+frequencies alike). transformers builds a small random model and saves it sharded
 (save_pretrained, max_shard_size 40KB); `keel-ckpt import --hf` turns it into a Keel
 checkpoint; Keel's logits on a batch (LLAMA3_DUMP on the weights `keel-ckpt export --keel`
 consolidates) must equal transformers' (rtol 1e-5, atol 1e-6, as the export test). The
@@ -41,8 +43,12 @@ def make_model(case, folder):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(3)
+    rope = {"rope_type": "default", "rope_theta": 50000.0}
+    if case == "llama3_scaled":
+        rope = {"rope_type": "llama3", "rope_theta": 50000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
     config = LlamaConfig(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=50000.0,
+                         num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, rope_parameters=rope,
                          tie_word_embeddings=case.endswith("_tied"), max_position_embeddings=256)
     model = LlamaForCausalLM(config).float().eval()
     model.save_pretrained(folder, max_shard_size="40KB")
@@ -136,7 +142,7 @@ def check_refusals(ckpt, hf, work, failures):
         path = os.path.join(folder, "config.json")
         with open(path) as f:
             data = json.load(f)
-        data["rope_parameters"] = {"rope_type": "llama3", "rope_theta": 50000.0, "factor": 8.0}
+        data["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 50000.0, "factor": 8.0}
         with open(path, "w") as f:
             json.dump(data, f)
 
@@ -162,7 +168,12 @@ def check_refusals(ckpt, hf, work, failures):
     damaged("truncated_file", truncate, [victim_file])
     damaged("misplaced_in_index", misplace, [victim, index_name])
     damaged("index_escapes_folder", escape, [victim, "not a .safetensors file name"])
-    damaged("rope_scaling", scaled_rope, ["rope_parameters.rope_type", "llama3"])
+    damaged("rope_scaling", scaled_rope, ["rope_parameters.rope_type", "yarn"])
+    damaged("llama3_rope_without_its_fields", edit_config(rope_parameters={"rope_type": "llama3", "rope_theta": 5e4}),
+            ["rope_parameters.factor", "missing"])
+    damaged("llama3_rope_factor_below_one", edit_config(rope_parameters={
+        "rope_type": "llama3", "rope_theta": 5e4, "factor": 0.5, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64}), ["rope_factor", "at least 1"])
     damaged("layer_count_beyond_int32", edit_config(num_hidden_layers=2**32 + 2), ["num_hidden_layers", "4294967298"])
     damaged("layer_count_beyond_weights", edit_config(num_hidden_layers=3), ["num_hidden_layers", "model.layers.2"])
     damaged("vocab_beyond_weights", edit_config(vocab_size=2**20), ["config.json", "shapes need"])

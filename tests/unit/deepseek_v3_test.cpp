@@ -10,6 +10,7 @@
 
 #include "common/error.hpp"
 #include "config/config_tree.hpp"
+#include "dry_run_counts.hpp"
 #include "kept_bytes.hpp"
 #include "mesh/mesh.hpp"
 #include "metrics/step_metrics.hpp"
@@ -189,13 +190,7 @@ TEST_F(DeepSeekModel, TheActivationEstimateIsWithinAQuarterOfWhatAForwardKeeps) 
 }
 
 std::map<std::string, ParamCount> dry_run(const std::string& flavor) {
-  test::TempDir dir;
-  test::write_file(dir / "job.toml", "[model]\nplugin = \"deepseek_v3_mtp\"\nflavor = \"" + flavor + "\"\n");
-  RunOptions options;
-  options.config_path = dir / "job.toml";
-  options.plugin_dirs = {test::plugin_dir()};
-  Job job(options, /*meta=*/true);
-  return count_parameters(job);
+  return test::dry_run_counts("deepseek_v3_mtp", flavor);
 }
 
 TEST(DeepSeekDryRun, V3_671bMatchesThePublishedSizes) {
