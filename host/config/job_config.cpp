@@ -59,6 +59,40 @@ ComponentChoice read_choice(ConfigTree& tree, const std::string& role, const std
   return choice;
 }
 
+// [profiling]; after [job] and [training]. The folder stays inside the run folder.
+ProfilingSection read_profiling(ConfigTree& tree, const JobConfig& c) {
+  ConfigSection s = tree.section("profiling");
+  ProfilingSection p;
+  p.enable = s.boolean("enable", false);
+  const std::vector<int64_t> steps = s.integers("steps", {p.first, p.last});
+  if (steps.size() != 2 || steps[0] < 1 || steps[1] < steps[0] || steps[1] > kMaxSteps)
+    s.invalid("steps", "must be [FIRST, LAST], two steps with 1 <= FIRST <= LAST (the window profiled, both included)");
+  p.first = steps[0];
+  p.last = steps[1];
+  p.interval = s.integer("interval", 0, 0, kMaxSteps);
+  if (p.interval > 0 && p.interval <= p.last - p.first)
+    s.invalid("interval",
+              cat("must exceed the window's length: the window [", p.first, ", ", p.last,
+                  "] repeats every `interval` steps, so it must be 0 (once) or more than ", p.last - p.first));
+  if (p.enable && p.first > c.training.steps)
+    s.invalid("steps", cat("the window starts at step ", p.first,
+                           ", after the run's last (training.steps = ", c.training.steps, ")"));
+  const std::string folder = s.string("folder", "profiles");
+  static const std::regex inside("[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*");
+  bool ok = std::regex_match(folder, inside);
+  for (size_t at = 0, end = 0; ok && at <= folder.size(); at = end + 1) {
+    end = std::min(folder.find('/', at), folder.size());
+    const std::string part = folder.substr(at, end - at);
+    ok = part != "." && part != "..";
+  }
+  if (!ok)
+    s.invalid("folder", cat("must be a relative path inside the run folder (letters, digits, '_', '-', '.'; no '..'), "
+                            "got '",
+                            folder, "'"));
+  p.folder = c.job.run_dir + "/" + folder;
+  return p;
+}
+
 // [validation]; after [training], [parallelism] and [data], whose values it defaults to and checks against.
 ValidationSection read_validation(ConfigTree& tree, const JobConfig& c) {
   ConfigSection s = tree.section("validation");
@@ -277,6 +311,8 @@ JobConfig read_job_config(ConfigTree& tree, int world_size, bool cuda_available)
   c.metrics.log_interval = at_least(met, "log_interval", 10, 1);
   c.metrics.jsonl = met.boolean("jsonl", true);
   c.metrics.tensorboard = met.boolean("tensorboard", false);
+
+  c.profiling = read_profiling(tree, c);
 
   ConfigSection dbg = tree.section("debug");
   c.debug.replica_check_interval = at_least(dbg, "replica_check_interval", 0, 0);

@@ -108,6 +108,14 @@ struct MetricsSection {
   bool tensorboard = false;  ///< also TensorBoard event files in <run_dir>/tensorboard/
 };
 
+/// LibTorch's profiler over a window of steps, one Chrome trace per rank per window.
+struct ProfilingSection {
+  bool enable = false;
+  int64_t first = 2, last = 3;  ///< the window's first and last step (steps = [FIRST, LAST])
+  int64_t interval = 0;         ///< > 0: the window repeats every `interval` steps
+  std::string folder;           ///< where the traces go: <run_dir>/<profiling.folder>
+};
+
 struct DebugSection {
   int64_t replica_check_interval = 0;
   std::string perturb_replicas = "none";  ///< fault injection: "none" | "before_post_init" | "after_post_init"
@@ -135,6 +143,7 @@ struct JobConfig {
   CheckpointSection checkpoint;
   ValidationSection validation;
   MetricsSection metrics;
+  ProfilingSection profiling;
   DebugSection debug;
 };
 

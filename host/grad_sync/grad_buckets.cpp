@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 
+#include "common/trace_scope.hpp"
 #include "optim/optimizer_shards.hpp"
 
 namespace keel {
@@ -110,6 +111,7 @@ size_t GradientBuckets::scatter(const std::vector<ParamRef>& params, const std::
 }
 
 void GradientBuckets::start(const std::vector<size_t>& reduced) {
+  KEEL_TRACE_SCOPE("keel::dp_reduce_launch");
   for (size_t position : reduced) {
     Bucket& b = buckets_[reduced_[position]];
     pending_.push_back(b.cuts.empty() ? b.group->all_reduce_async(b.flat, KEEL_REDUCE_SUM)
@@ -118,6 +120,7 @@ void GradientBuckets::start(const std::vector<size_t>& reduced) {
 }
 
 void GradientBuckets::reduce() {
+  KEEL_TRACE_SCOPE("keel::dp_reduce");
   std::vector<std::unique_ptr<Work>> pending;
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -98,6 +98,9 @@ std::vector<std::string> step_lines(const StepRecord& r, size_t width) {
     validation.push_back(format("%s tokens in %.3f s", human_count(tokens).c_str(), seconds));
     for (std::string& line : wrapped(validation, width)) lines.push_back(std::move(line));
   }
+  if (!r.profile_traces.empty())
+    lines.push_back(format("profiler traces of the window ending at step %ld: %s/rank-*.json",
+                           static_cast<long>(r.step), r.profile_traces.c_str()));
   return lines;
 }
 

@@ -23,6 +23,8 @@ struct StepRecord {
   /// The evaluation after this step, if any: "val_loss", the model's "val_<name>" figures,
   /// "val_tokens" and "val_seconds".
   std::map<std::string, double> validation;
+  /// The folder of the profiler traces (one per rank) of the window this step closes, or "".
+  std::string profile_traces;
 };
 
 /// Writes step records to the log and to metrics.jsonl.

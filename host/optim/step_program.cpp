@@ -5,6 +5,7 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "common/text.hpp"
+#include "common/trace_scope.hpp"
 
 #ifdef KEEL_WITH_CUDA
 #include <ATen/cuda/CUDAGraph.h>
@@ -64,15 +65,22 @@ StepProgram::StepProgram(Model& model, Clipper& clipper, AdamW& optimizer, std::
 StepProgram::~StepProgram() = default;
 
 StepProgram::Result StepProgram::eager() {
-  model_.pre_clip();
+  {
+    KEEL_TRACE_SCOPE("keel::pre_clip");
+    model_.pre_clip();
+  }
   std::vector<std::pair<std::string, at::Tensor*>> clipper_state = clipper_.state();
   std::vector<at::Tensor> state_before;
   for (const auto& [name, tensor] : clipper_state) state_before.push_back(tensor->clone());
   Result r;
-  r.norm = clipper_.clip(params_);
+  {
+    KEEL_TRACE_SCOPE("keel::clip");
+    r.norm = clipper_.clip(params_);
+  }
   // The guard: a non-finite step skips the update on the device (no host branch), and takes
   // back what clip() counted.
   r.found_inf = nonfinite_flag(r.norm);
+  KEEL_TRACE_SCOPE("keel::optimizer_step");
   optimizer_.step(lr_, r.found_inf);
   if (gather_ != nullptr) gather_->run();  // a skipped step gathers the unchanged rows
   const at::Tensor skipped = r.found_inf.to(at::kBool);
@@ -117,6 +125,7 @@ void StepProgram::run() {
     ++runs_;
     return;
   }
+  KEEL_TRACE_SCOPE("keel::step_program_replay");  // pre_clip, clip, guard and AdamW as one CUDA graph
   if (!graph_) capture();
   if (replays_ < validate_)
     replay_validated();

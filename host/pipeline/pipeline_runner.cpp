@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "common/text.hpp"
+#include "common/trace_scope.hpp"
 #include "device/autocast.hpp"
 #include "pipeline/split_backward.hpp"
 
@@ -72,6 +73,7 @@ PipelineRunner::PipelineRunner(std::vector<ModelPart*> parts, Group& pp, std::ve
 }
 
 at::Tensor PipelineRunner::receive(const std::vector<int64_t>& shape, TransferKind kind, int peer, int tag) {
+  KEEL_TRACE_SCOPE("keel::pipeline_recv");
   at::Tensor buffer = at::empty(shape, activation_options_);
   std::unique_ptr<Work> work = link(kind, peer, stage_).irecv(buffer, peer, tag);
   if (work) work->wait();
@@ -81,6 +83,7 @@ at::Tensor PipelineRunner::receive(const std::vector<int64_t>& shape, TransferKi
 void PipelineRunner::send(const at::Tensor& tensor, TransferKind kind, int to, int tag,
                           std::vector<std::unique_ptr<Work>>& sends) {
   if (rank_of(to) != stage_) {
+    KEEL_TRACE_SCOPE("keel::pipeline_send");
     sends.push_back(link(kind, stage_, rank_of(to)).isend(tensor, rank_of(to), tag));
     return;
   }
@@ -143,6 +146,7 @@ at::Tensor PipelineRunner::run(const std::vector<at::Tensor>& tokens, const std:
       at::Tensor t = tokens[static_cast<size_t>(mb)].to(device_), l = labels[static_cast<size_t>(mb)].to(device_);
       const Clock::time_point busy = Clock::now();
       {
+        KEEL_TRACE_SCOPE("keel::forward");
         AutocastScope autocast(device_, compute_dtype_);
         // The part reads a view of its input: autocast caches casts of leaves, and a received
         // activation freed with its microbatch may leave its address to a later one, which the
@@ -161,7 +165,10 @@ at::Tensor PipelineRunner::run(const std::vector<at::Tensor>& tokens, const std:
       if (!f.split) throw std::logic_error("pipeline: a weight pass before its backward pass");
       if (last_backward_[index] && before_last_backward_) before_last_backward_(chunk);
       const Clock::time_point busy = Clock::now();
-      f.split->weight_pass();
+      {
+        KEEL_TRACE_SCOPE("keel::backward_weights");
+        f.split->weight_pass();
+      }
       timing_.busy_seconds += seconds_since(busy);
       f = InFlight{};  // the microbatch's graph and activations are freed here
     } else {
@@ -170,6 +177,7 @@ at::Tensor PipelineRunner::run(const std::vector<at::Tensor>& tokens, const std:
       if (last_backward_[index] && before_last_backward_) before_last_backward_(chunk);
       const Clock::time_point busy = Clock::now();
       at::Tensor input_grad;
+      KEEL_TRACE_SCOPE("keel::backward");
       if (split_) {
         // The input's gradient now, for the stage before; the parameters' in the weight pass.
         at::Tensor root = last ? f.output / loss_divisor : f.output;
@@ -191,8 +199,11 @@ at::Tensor PipelineRunner::run(const std::vector<at::Tensor>& tokens, const std:
       if (!split_) f = InFlight{};  // the microbatch's graph and activations are freed here
     }
   }
-  for (auto& work : sends)
-    if (work) work->wait();
+  {
+    KEEL_TRACE_SCOPE("keel::pipeline_send_wait");
+    for (auto& work : sends)
+      if (work) work->wait();
+  }
   timing_.total_seconds = seconds_since(start);
   return loss_total;
 }

@@ -62,7 +62,8 @@ bool StepLog::logs(int64_t step) const {
 }
 
 StepRecord StepLog::write(int64_t step, double loss, double lr, const at::Tensor& grad_norm,
-                          const at::Tensor& found_inf, const Evaluation* validation) {
+                          const at::Tensor& found_inf, const Evaluation* validation,
+                          const std::string& profile_traces) {
   const JobConfig& c = job_.config();
   synchronize(job_.device());
   if (validation != nullptr) excluded_seconds_ += validation->seconds;
@@ -86,6 +87,7 @@ StepRecord StepLog::write(int64_t step, double loss, double lr, const at::Tensor
     r.validation["val_tokens"] = static_cast<double>(validation->tokens);
     r.validation["val_seconds"] = validation->seconds;
   }
+  r.profile_traces = profile_traces;
   if (writer_) log_.write(r);
   if (tensorboard_) tensorboard_->write_step(step, scalars(r));
   interval_start_ = clock::now();

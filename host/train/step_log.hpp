@@ -30,8 +30,9 @@ class StepLog {
   /// Logs step `step` (waits for the device) and starts the next interval; returns the record.
   /// `validation`, the evaluation after the step if there was one, joins the record and leaves
   /// its time out of the throughput. [collective: world]
+  /// `profile_traces`: the folder of the profiler window this step closes, or "".
   StepRecord write(int64_t step, double loss, double lr, const at::Tensor& grad_norm, const at::Tensor& found_inf,
-                   const Evaluation* validation = nullptr);
+                   const Evaluation* validation = nullptr, const std::string& profile_traces = "");
 
  private:
   using clock = std::chrono::steady_clock;

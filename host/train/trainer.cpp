@@ -14,6 +14,7 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "common/text.hpp"
+#include "common/trace_scope.hpp"
 #include "device/device.hpp"
 #include "memory/state_memory.hpp"
 #include "train/data_fault.hpp"
@@ -203,8 +204,11 @@ double Trainer::step(int64_t step, bool read_loss) {
   const JobConfig& c = job_.config();
   Group& world = job_.mesh().group(KEEL_GROUP_WORLD);
   job_.step_metrics().clear();
-  Batch batch = agreed_batch(
-      world, job_.mesh().layout().rank, [&] { return stream_->next(); }, data_origin_);
+  Batch batch = [&] {
+    KEEL_TRACE_SCOPE("keel::data");
+    return agreed_batch(
+        world, job_.mesh().layout().rank, [&] { return stream_->next(); }, data_origin_);
+  }();
 
   // The loss is token-summed per microbatch and divided by the step's global token count.
   at::Tensor count = at::full({}, static_cast<double>(batch.labelled_tokens), at::kDouble);

@@ -7,6 +7,8 @@
 
 #include "common/log.hpp"
 #include "common/text.hpp"
+#include "common/trace_scope.hpp"
+#include "profiling/trace_window.hpp"
 #include "train/data_fault.hpp"
 #include "train/step_log.hpp"
 #include "train/stop_signal.hpp"
@@ -37,6 +39,7 @@ void remember(RunSummary& summary, const Evaluation& evaluation) {
 
 Evaluation Trainer::evaluate(int64_t step) {
   if (!evaluator_) throw std::logic_error("evaluate: validation.interval is 0");
+  KEEL_TRACE_SCOPE("keel::evaluate");
   Evaluation evaluation = evaluator_->run(step);
   state_->record_validation(ValidationRecord{step, evaluation.figures()});
   return evaluation;
@@ -51,18 +54,28 @@ RunSummary Trainer::run() {
   StepLog log(job_, start_step_);
   install_stop_handlers();
   if (evaluator_ && job_.mesh().layout().rank == 0) log_info(evaluator_->describe());
+  TraceWindow profiler(job_.config().profiling, job_.mesh().layout().rank, job_.device().is_cuda());
   for (int64_t s = start_step_ + 1; s <= last; ++s) {
     const bool evaluated = evaluator_ && evaluator_->due(s);
-    const bool logged = log.logs(s) || evaluated;  // an evaluation's figures join its step's record
+    const bool traced = profiler.closes_at(s);
+    // An evaluation's figures and a profiled window's traces join their step's record.
+    const bool logged = log.logs(s) || evaluated || traced;
     const double lr = schedule_->at(s);
     std::optional<Evaluation> validation;
+    profiler.before_step(s);
     try {
-      const double loss = step(s, /*read_loss=*/logged);
+      double loss = 0;
+      {
+        KEEL_TRACE_SCOPE("keel::step");
+        loss = step(s, /*read_loss=*/logged);
+      }
       log.count_step();
       summary.steps_done = s;
       if (evaluated) remember(summary, validation.emplace(evaluate(s)));
       if (logged)
-        remember(summary, log.write(s, loss, lr, last_norm_, last_found_inf_, validation ? &*validation : nullptr),
+        remember(summary,
+                 log.write(s, loss, lr, last_norm_, last_found_inf_, validation ? &*validation : nullptr,
+                           traced ? profiler.folder_of(s) : ""),
                  s == start_step_ + 1);
     } catch (const DataFault& e) {
       // Every rank is here at the same step, before any collective of the step's work: the
@@ -72,7 +85,9 @@ RunSummary Trainer::run() {
       break;
     }
     if (checkpoint_interval > 0 && s % checkpoint_interval == 0) checkpoint(s);
-    if (stops_after(s, summary)) {
+    const bool stops = stops_after(s, summary);
+    profiler.after_step(s, /*stopping=*/stops || s == last);
+    if (stops) {
       if (!logged) summary.final_loss = last_loss_.item<double>();
       break;
     }
@@ -113,6 +128,7 @@ bool Trainer::stops_after(int64_t step, RunSummary& summary) {
 }
 
 void Trainer::checkpoint(int64_t step) {
+  KEEL_TRACE_SCOPE("keel::checkpoint");
   if (state_->saves() && saved_step_ != step) {
     state_->save(step);
     saved_step_ = step;
