@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "common/error.hpp"
@@ -73,6 +74,14 @@ std::vector<std::string> split_dotted(const std::string& dotted) {
     parts.push_back(dotted.substr(start, dot - start));
   parts.push_back(dotted.substr(start));
   return parts;
+}
+
+// "sources[2]" -> ("sources", 2): an element of an array of tables ([[data.sources]]); a
+// plain segment has no index.
+std::pair<std::string, std::optional<size_t>> array_segment(const std::string& segment) {
+  const size_t open = segment.find('[');
+  if (open == std::string::npos || segment.back() != ']') return {segment, std::nullopt};
+  return {segment.substr(0, open), std::stoul(segment.substr(open + 1, segment.size() - open - 2))};
 }
 
 std::string short_text(const toml::value& value) {
@@ -169,6 +178,10 @@ ConfigSection ConfigTree::section(const std::string& name, const std::string& re
     path += (path.empty() ? "" : ".") + segment;
     read_.insert(path);
     if (table == nullptr || !table->is_table()) continue;
+    if (array_segment(segment).second) {  // an element ConfigSection::tables() found: read_ holds its array's path
+      table = table_at(path);
+      continue;
+    }
     auto it = table->as_table().find(segment);
     if (it == table->as_table().end()) {
       table = nullptr;
@@ -204,9 +217,15 @@ const toml::value* ConfigTree::table_at(const std::string& section) const {
   const toml::value* table = &root_;
   for (const std::string& segment : split_dotted(section)) {
     if (!table->is_table()) return nullptr;
-    auto it = table->as_table().find(segment);
-    if (it == table->as_table().end() || !it->second.is_table()) return nullptr;
+    const auto [name, index] = array_segment(segment);
+    auto it = table->as_table().find(name);
+    if (it == table->as_table().end()) return nullptr;
     table = &it->second;
+    if (index) {
+      if (!table->is_array() || *index >= table->as_array().size()) return nullptr;
+      table = &table->as_array()[*index];
+    }
+    if (!table->is_table()) return nullptr;
   }
   return table;
 }
@@ -256,6 +275,9 @@ void ConfigTree::collect_unread(const toml::value& table, const std::string& pre
     if (kept_.count(dotted) != 0) continue;
     if (read_.count(dotted) != 0) {
       if (value.is_table()) collect_unread(value, dotted, out);
+      if (value.is_array())  // an array of tables ([[a.b]]): each element's keys, as a.b[i].key
+        for (size_t i = 0; i < value.as_array().size(); ++i)
+          if (value.as_array()[i].is_table()) collect_unread(value.as_array()[i], cat(dotted, "[", i, "]"), out);
       continue;
     }
     std::string what = value.is_table() ? cat("unknown section [", dotted, "]") : cat("unknown key '", dotted, "'");
@@ -283,7 +305,9 @@ std::string ConfigTree::resolved_toml() const {
   std::string out;
   auto emit = [&](const std::string& section, const std::vector<std::pair<std::string, toml::value>>& keys) {
     if (keys.empty()) return;
-    out += cat("[", section, "]\n");
+    // An element of an array of tables, "a.b[i]", is written as one more [[a.b]] in order.
+    const bool element = !section.empty() && section.back() == ']';
+    out += element ? cat("[[", section.substr(0, section.rfind('[')), "]]\n") : cat("[", section, "]\n");
     for (const auto& [key, value] : keys) out += cat(toml_key(key), " = ", value_text(value), "\n");
     out += "\n";
   };
@@ -308,6 +332,20 @@ bool ConfigSection::has(const std::string& key) const { return lookup(key) != nu
 bool ConfigSection::has_table(const std::string& key) const {
   const toml::value* value = lookup(key);
   return value != nullptr && value->is_table();
+}
+
+std::vector<ConfigSection> ConfigSection::tables(const std::string& key) const {
+  const toml::value* value = lookup(key);
+  if (value == nullptr) return {};
+  const std::string expected = "an array of tables ([[" + dotted(key) + "]])";
+  if (!value->is_array()) wrong_type(key, *value, expected.c_str());
+  tree_->read_.insert(dotted(key));
+  std::vector<ConfigSection> out;
+  for (size_t i = 0; i < value->as_array().size(); ++i) {
+    if (!value->as_array()[i].is_table()) wrong_type(key, value->as_array()[i], expected.c_str());
+    out.push_back(tree_->section(cat(dotted(key), "[", i, "]")));
+  }
+  return out;
 }
 
 std::vector<std::string> ConfigSection::keys() const {

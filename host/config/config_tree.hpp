@@ -117,6 +117,9 @@ class ConfigSection {
   bool has(const std::string& key) const;
   /// Whether `key` is present and holds a table ([section.key]).
   bool has_table(const std::string& key) const;
+  /// The tables of the array at `key` ([[section.key]] in TOML), in order, each a view named
+  /// "section.key[i]" (so messages name "section.key[i].field"); none when absent.
+  std::vector<ConfigSection> tables(const std::string& key) const;
   /// The keys present in the table, sorted (nothing is marked read).
   std::vector<std::string> keys() const;
 

@@ -29,6 +29,7 @@ constexpr int64_t kMaxGlobalBatch = int64_t{1} << 24;
 constexpr int64_t kMaxThreads = 4096;
 constexpr int64_t kMaxLayersPerStage = int64_t{1} << 20;
 constexpr int64_t kMaxValidationSteps = int64_t{1} << 20;
+constexpr size_t kMaxDataSources = 1024;
 // Training's global sample positions stay below 2^62, so sample indices from 2^63 on are
 // held out for validation (the synthetic source).
 constexpr int64_t kMaxTrainingSamples = int64_t{1} << 62;
@@ -57,6 +58,36 @@ ComponentChoice read_choice(ConfigTree& tree, const std::string& role, const std
   // then swaps its component with `--set clipper.plugin=...` alone, as the job file does.
   choice.component = s.has("component") ? s.string("component", stem) : stem;
   return choice;
+}
+
+// [[data.sources]]: each a token file with a positive weight and a name of its own.
+std::vector<DataSourceSpec> read_data_sources(const ConfigSection& data) {
+  std::vector<DataSourceSpec> sources;
+  const std::vector<ConfigSection> tables = data.tables("sources");
+  if (tables.size() > kMaxDataSources)
+    data.invalid("sources", cat("at most ", kMaxDataSources, " sources, got ", tables.size()));
+  static const std::regex name_pattern("[A-Za-z0-9_.-]+");
+  for (const ConfigSection& t : tables) {
+    DataSourceSpec s;
+    s.path = t.required_string("path");
+    if (s.path.empty()) t.invalid("path", "must name a token file");
+    if (!t.has("weight"))
+      t.invalid("weight", "missing: each source needs its share of the samples (a positive number)");
+    s.weight = t.real("weight", 1.0);
+    if (!(s.weight > 0)) t.invalid("weight", cat("must be positive, got ", s.weight));
+    // Unnamed: the file's name without its folder and extension.
+    std::string stem = s.path.substr(s.path.rfind('/') + 1);
+    if (const size_t dot = stem.rfind('.'); dot != std::string::npos && dot > 0) stem.resize(dot);
+    s.name = t.string("name", stem);
+    if (!std::regex_match(s.name, name_pattern))
+      t.invalid("name", cat("use letters, digits, '_', '.', '-' only, got '", s.name, "'",
+                            t.has("name") ? "" : " (from the path; set name = ...)"));
+    for (const DataSourceSpec& other : sources)
+      if (other.name == s.name)
+        t.invalid("name", cat("'", s.name, "' names another source too (", other.path, "); names must differ"));
+    sources.push_back(std::move(s));
+  }
+  return sources;
 }
 
 // [profiling]; after [job] and [training]. The folder stays inside the run folder.
@@ -100,6 +131,7 @@ ValidationSection read_validation(ConfigTree& tree, const JobConfig& c) {
   v.interval = s.integer("interval", 0, 0, kMaxSteps);
   v.steps = s.integer("steps", 1, 1, kMaxValidationSteps);
   v.data = s.string("data", "");
+  v.source = s.string("source", "");
   v.split = in_range(s, "split", 0.0, 0.0, 1.0, /*hi_open=*/true);
   v.split_block = s.integer("split_block", 8192, 1, kMaxSeqLen);
   v.global_batch = s.integer("global_batch", c.training.global_batch, 1, kMaxGlobalBatch);
@@ -113,8 +145,23 @@ ValidationSection read_validation(ConfigTree& tree, const JobConfig& c) {
   if (v.split > 0 && c.data.source != "tokens")
     s.invalid("split",
               "applies to data.source = \"tokens\"; the synthetic source evaluates on samples training never draws");
+  if (!v.source.empty()) {
+    std::string names;
+    bool known = false;
+    for (const DataSourceSpec& d : c.data.sources) {
+      names += (names.empty() ? "" : ", ") + d.name;
+      known = known || d.name == v.source;
+    }
+    if (c.data.sources.empty())
+      s.invalid("source", "names one of [[data.sources]], and this job has none (data.path is one file)");
+    if (!known) s.invalid("source", cat("'", v.source, "' is not one of [[data.sources]] (", names, ")"));
+    if (!v.data.empty())
+      s.invalid("source", "choose one: validation.data names a file, source one of [[data.sources]]");
+    if (v.split == 0) s.invalid("source", "evaluates on that source's held-out share: it needs validation.split > 0");
+  }
   if (v.interval > 0 && c.data.source == "tokens" && v.data.empty() && v.split == 0)
-    s.invalid("interval", cat("evaluating needs held-out data: set validation.split (a share of ", c.data.path,
+    s.invalid("interval", cat("evaluating needs held-out data: set validation.split (a share of ",
+                              c.data.sources.empty() ? c.data.path : std::string("each of [[data.sources]]"),
                               " training never sees) or validation.data (a token file)"));
   return v;
 }
@@ -255,11 +302,18 @@ JobConfig read_job_config(ConfigTree& tree, int world_size, bool cuda_available)
   c.lr_scheduler.min_lr_ratio = in_range(lr, "min_lr_ratio", 0.1, 0.0, 1.0, false);
 
   ConfigSection data = tree.section("data");
-  c.data.source = data.choice("source", "synthetic", {"synthetic", "tokens"});
+  c.data.sources = read_data_sources(data);
+  c.data.source = data.choice("source", c.data.sources.empty() ? "synthetic" : "tokens", {"synthetic", "tokens"});
   if (c.data.source == "tokens") {
-    c.data.path = data.required_string("path");
+    if (c.data.sources.empty())
+      c.data.path = data.required_string("path");
+    else if (data.has("path"))
+      data.invalid("path", "choose one: data.path names one token file, [[data.sources]] a mixture");
     if (data.has("branching")) data.invalid("branching", "applies to source = \"synthetic\" only");
   } else {
+    if (!c.data.sources.empty())
+      data.invalid("sources",
+                   "[[data.sources]] are token files: they need source = \"tokens\" (its default with them)");
     if (data.has("path")) data.invalid("path", "applies to source = \"tokens\" only");
     c.data.branching = at_least(data, "branching", 4, 1);
   }

@@ -67,9 +67,17 @@ struct LrSchedulerSection {
   double min_lr_ratio = 0.1;
 };
 
+/// One token file of a mixture ([[data.sources]]).
+struct DataSourceSpec {
+  std::string name;  ///< names its figures (metrics.jsonl's tokens.<name>) and validation.source
+  std::string path;
+  double weight = 1;
+};
+
 struct DataSection {
   std::string source = "synthetic";
-  std::string path;
+  std::string path;                     ///< one token file (source = "tokens" without sources)
+  std::vector<DataSourceSpec> sources;  ///< a weighted mixture of token files ([[data.sources]])
   int64_t branching = 4;
   uint64_t seed = 0;
   /// "eos" | "none" as set; "" when unset: "eos" if the source records an EOS id, else "none".
@@ -96,6 +104,7 @@ struct ValidationSection {
   int64_t interval = 0;        ///< evaluate every N steps and after the last step; 0 = off
   int64_t steps = 1;           ///< batches per evaluation
   std::string data;            ///< a token file to evaluate on; "" = held out from the training source
+  std::string source;          ///< with [[data.sources]]: evaluate on this source's held-out share only
   double split = 0;            ///< share of the training token file's blocks held out (0 = none)
   int64_t split_block = 8192;  ///< tokens per block of the split
   int64_t global_batch = 0;    ///< samples per evaluation batch (default: training's)

@@ -51,6 +51,7 @@ void MetricsLog::write(const StepRecord& r) {
   j["skipped"] = r.skipped;
   for (const auto& [name, value] : r.plugin_metrics) j[name] = json_number(value);
   for (const auto& [name, value] : r.validation) j[name] = json_number(value);
+  for (const auto& [name, tokens] : r.source_tokens) j["tokens." + name] = json_number(tokens);
   if (!r.profile_traces.empty()) j["profile_traces"] = r.profile_traces;
   *jsonl_ << j.dump() << '\n';
   jsonl_->flush();

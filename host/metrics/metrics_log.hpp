@@ -25,6 +25,8 @@ struct StepRecord {
   std::map<std::string, double> validation;
   /// The folder of the profiler traces (one per rank) of the window this step closes, or "".
   std::string profile_traces;
+  /// With [[data.sources]]: the tokens drawn from each source since the run's first step.
+  std::map<std::string, double> source_tokens;
 };
 
 /// Writes step records to the log and to metrics.jsonl.

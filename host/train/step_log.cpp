@@ -62,8 +62,8 @@ bool StepLog::logs(int64_t step) const {
 }
 
 StepRecord StepLog::write(int64_t step, double loss, double lr, const at::Tensor& grad_norm,
-                          const at::Tensor& found_inf, const Evaluation* validation,
-                          const std::string& profile_traces) {
+                          const at::Tensor& found_inf, const StepExtras& extras) {
+  const Evaluation* validation = extras.validation;
   const JobConfig& c = job_.config();
   synchronize(job_.device());
   if (validation != nullptr) excluded_seconds_ += validation->seconds;
@@ -87,7 +87,8 @@ StepRecord StepLog::write(int64_t step, double loss, double lr, const at::Tensor
     r.validation["val_tokens"] = static_cast<double>(validation->tokens);
     r.validation["val_seconds"] = validation->seconds;
   }
-  r.profile_traces = profile_traces;
+  r.profile_traces = extras.profile_traces;
+  r.source_tokens = extras.source_tokens;
   if (writer_) log_.write(r);
   if (tensorboard_) tensorboard_->write_step(step, scalars(r));
   interval_start_ = clock::now();

@@ -6,7 +6,9 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <map>
 #include <optional>
+#include <string>
 
 #include "metrics/metrics_log.hpp"
 #include "metrics/tensorboard_writer.hpp"
@@ -14,6 +16,13 @@
 #include "train/job.hpp"
 
 namespace keel {
+
+/// What joins a step's record beside the step's own figures.
+struct StepExtras {
+  const Evaluation* validation = nullptr;       ///< the evaluation after the step, if any
+  std::string profile_traces;                   ///< the folder of the profiler window it closes, or ""
+  std::map<std::string, double> source_tokens;  ///< [[data.sources]]: tokens drawn per source so far
+};
 
 /// Logs the steps of one run.
 class StepLog {
@@ -28,11 +37,10 @@ class StepLog {
   /// Counts a finished step into the interval of the next logged one.
   void count_step() { ++interval_steps_; }
   /// Logs step `step` (waits for the device) and starts the next interval; returns the record.
-  /// `validation`, the evaluation after the step if there was one, joins the record and leaves
-  /// its time out of the throughput. [collective: world]
-  /// `profile_traces`: the folder of the profiler window this step closes, or "".
+  /// `extras` join the record; an evaluation's time is left out of the throughput.
+  /// [collective: world]
   StepRecord write(int64_t step, double loss, double lr, const at::Tensor& grad_norm, const at::Tensor& found_inf,
-                   const Evaluation* validation = nullptr, const std::string& profile_traces = "");
+                   const StepExtras& extras = {});
 
  private:
   using clock = std::chrono::steady_clock;

@@ -10,6 +10,7 @@
 #include "common/trace_scope.hpp"
 #include "profiling/trace_window.hpp"
 #include "train/data_fault.hpp"
+#include "train/source_tally.hpp"
 #include "train/step_log.hpp"
 #include "train/stop_signal.hpp"
 #include "train/trainer.hpp"
@@ -55,6 +56,7 @@ RunSummary Trainer::run() {
   install_stop_handlers();
   if (evaluator_ && job_.mesh().layout().rank == 0) log_info(evaluator_->describe());
   TraceWindow profiler(job_.config().profiling, job_.mesh().layout().rank, job_.device().is_cuda());
+  SourceTally tally(*source_, job_.config().training.seq_len);
   for (int64_t s = start_step_ + 1; s <= last; ++s) {
     const bool evaluated = evaluator_ && evaluator_->due(s);
     const bool traced = profiler.closes_at(s);
@@ -74,8 +76,9 @@ RunSummary Trainer::run() {
       if (evaluated) remember(summary, validation.emplace(evaluate(s)));
       if (logged)
         remember(summary,
-                 log.write(s, loss, lr, last_norm_, last_found_inf_, validation ? &*validation : nullptr,
-                           traced ? profiler.folder_of(s) : ""),
+                 log.write(s, loss, lr, last_norm_, last_found_inf_,
+                           {validation ? &*validation : nullptr, traced ? profiler.folder_of(s) : "",
+                            tally.tokens_until(stream_->position())}),
                  s == start_step_ + 1);
     } catch (const DataFault& e) {
       // Every rank is here at the same step, before any collective of the step's work: the

@@ -82,7 +82,7 @@ TEST(HostileConfig, DocumentsAtEosOfATokenFileWithoutAnEosIdExits2) {
   const std::string data = "[data]\nsource = \"tokens\"\npath = \"" + (dir / "tokens.bin") + "\"\n";
   auto r = train(dir, std::string(kJob) + data + "documents = \"eos\"\n");
   EXPECT_EQ(r.status, 2) << r.output;
-  EXPECT_HAS(r.output, "job.toml:12: data.documents: \"eos\" needs an EOS id, and the token file ");
+  EXPECT_HAS(r.output, "job.toml:12: data.documents: \"eos\" needs an EOS id, and data.path (");
   EXPECT_HAS(r.output, "rebuild it with keel-data build --tokenizer");
   // Unset, the documents follow the file: none here, and the run trains.
   auto unset = train(dir, std::string(kJob) + data);

@@ -65,6 +65,7 @@ struct JobRun {
   std::map<int64_t, std::map<std::string, double>> validation;  ///< by step: its "val_*" figures
   std::map<std::string, std::vector<double>> pipeline;          ///< "pipeline_*" figures, step by step
   std::map<std::string, at::Tensor> state;                      ///< final/state.safetensors when debug.dump_state
+  std::map<std::string, std::vector<double>> source_tokens;     ///< "tokens.<source>" figures, step by step
 };
 
 /// Runs `job` (TOML text) on `ranks` local processes with run_dir <dir>/<name> and `sets`
@@ -93,6 +94,8 @@ inline JobRun run_job(const TempDir& dir, const std::string& name, int ranks, co
         run.validation[j["step"]][key] = number_from_json(value);
       else if (key.rfind("pipeline_", 0) == 0)
         run.pipeline[key].push_back(number_from_json(value));
+      else if (key.rfind("tokens.", 0) == 0)
+        run.source_tokens[key.substr(7)].push_back(number_from_json(value));
   }
   if (std::filesystem::exists(run.dir + "/final/state.safetensors"))
     run.state = read_safetensors(run.dir + "/final/state.safetensors").tensors;
