@@ -16,6 +16,7 @@
 #include "train/dry_run.hpp"
 #include "train/job.hpp"
 #include "train/trainer.hpp"
+#include "verify/verify_command.hpp"
 
 namespace po = boost::program_options;
 
@@ -62,10 +63,38 @@ int train(const keel::RunOptions& options) {
   return 0;
 }
 
+// Runs `body`, turning what it throws into a message and an exit status (2: bad input).
+template <class Body>
+int guarded(Body&& body) {
+  try {
+    return body();
+  } catch (const keel::InputError& e) {
+    keel::log_line(keel::LogLevel::error, e.what());
+    return 2;
+  } catch (const c10::Error& e) {  // LibTorch's own message, without its C++ stack trace
+    keel::log_line(keel::LogLevel::error, e.what_without_backtrace());
+    return 1;
+  } catch (const std::exception& e) {
+    keel::log_line(keel::LogLevel::error, e.what());
+    return 1;
+  } catch (...) {
+    keel::log_line(keel::LogLevel::error, "an unknown exception stopped the run");
+    return 1;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  po::options_description visible("Usage: keel-train --config FILE [options]");
+  if (argc > 1 && std::string(argv[1]) == "verify") {
+    // Every rank it starts is this executable.
+    std::error_code error;
+    const std::string self = std::filesystem::read_symlink("/proc/self/exe", error).string();
+    return guarded([&] { return keel::verify_main(argc - 1, argv + 1, error ? argv[0] : self.c_str()); });
+  }
+  po::options_description visible(
+      "Usage: keel-train --config FILE [options]\n       keel-train verify --config FILE [--set ...] [--steps N] "
+      "[--against SETS] (--help: what it compares)");
   visible.add_options()("help,h", "show this help")("version", "show versions")("config,c", po::value<std::string>(),
                                                                                 "the job file (TOML)")(
       "set", po::value<std::vector<std::string>>()->composing(), "override section.key=value (repeatable)")(
@@ -94,19 +123,5 @@ int main(int argc, char** argv) {
   if (vm.count("set") != 0) options.overrides = vm["set"].as<std::vector<std::string>>();
   if (vm.count("plugin-path") != 0) options.plugin_dirs = vm["plugin-path"].as<std::vector<std::string>>();
   options.dry_run = vm.count("dry-run") != 0;
-  try {
-    return train(options);
-  } catch (const keel::InputError& e) {
-    keel::log_line(keel::LogLevel::error, e.what());
-    return 2;
-  } catch (const c10::Error& e) {  // LibTorch's own message, without its C++ stack trace
-    keel::log_line(keel::LogLevel::error, e.what_without_backtrace());
-    return 1;
-  } catch (const std::exception& e) {
-    keel::log_line(keel::LogLevel::error, e.what());
-    return 1;
-  } catch (...) {
-    keel::log_line(keel::LogLevel::error, "an unknown exception stopped the run");
-    return 1;
-  }
+  return guarded([&] { return train(options); });
 }
