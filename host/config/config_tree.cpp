@@ -3,6 +3,7 @@
 #include <keel/config_keys.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -78,10 +79,15 @@ std::vector<std::string> split_dotted(const std::string& dotted) {
 
 // "sources[2]" -> ("sources", 2): an element of an array of tables ([[data.sources]]); a
 // plain segment has no index.
+// Only Keel's own names carry an index (ConfigSection::tables builds them); a key of the job
+// file spelled like one ("x[99999999999]", quoted) stays a plain name.
 std::pair<std::string, std::optional<size_t>> array_segment(const std::string& segment) {
   const size_t open = segment.find('[');
-  if (open == std::string::npos || segment.back() != ']') return {segment, std::nullopt};
-  return {segment.substr(0, open), std::stoul(segment.substr(open + 1, segment.size() - open - 2))};
+  if (open == std::string::npos || open == 0 || segment.back() != ']') return {segment, std::nullopt};
+  const std::string digits = segment.substr(open + 1, segment.size() - open - 2);
+  if (digits.empty() || digits.size() > 9 || !std::all_of(digits.begin(), digits.end(), ::isdigit))
+    return {segment, std::nullopt};
+  return {segment.substr(0, open), static_cast<size_t>(std::stoul(digits))};
 }
 
 std::string short_text(const toml::value& value) {

@@ -132,6 +132,8 @@ TEST(DataMixture, BadSourcesAreRefusedBeforeTrainingNamingTheSourceAndKey) {
       {source("path = \"" + a + "\"\nwieght = 1\nweight = 1\n"), "unknown key 'data.sources[0].wieght'"},
       {"path = \"" + a + "\"\n" + source("path = \"" + b + "\"\nweight = 1\n"), "data.path: choose one"},
       {"sources = \"" + a + "\"\n", "data.sources: expected an array of tables ([[data.sources]])"},
+      {"\"sources[99999999999999999999]\" = 1\n" + source("path = \"" + a + "\"\nweight = 1\n"),
+       "unknown key 'data.\"sources[99999999999999999999]\"'"},
       {"source = \"synthetic\"\n" + source("path = \"" + b + "\"\nweight = 1\n"), "need source = \"tokens\""},
       {source("path = \"" + a + "\"\nweight = 1\n") + "[validation]\ninterval = 5\nsplit = 0.2\nsource = \"c\"\n",
        "validation.source: 'c' is not one of [[data.sources]] (a)"},
