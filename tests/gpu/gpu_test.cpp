@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
 #include "device/device.hpp"
@@ -60,6 +61,25 @@ TEST(Gpu, TinyLlamaTrainsOnCudaAndTracksTheCpuRun) {
   EXPECT_LT(cuda.losses.back(), cuda.losses.front());
   for (size_t s = 0; s < cpu.losses.size(); ++s)
     EXPECT_NEAR(cuda.losses[s], cpu.losses[s], 2e-3 * cpu.losses[s]) << "step " << s + 1;
+}
+
+// [profiling] on CUDA: the window's trace holds the device's kernels beside Keel's phases.
+TEST(Gpu, ProfilingTracesCudaKernelsBesideKeelsPhases) {
+  SKIP_WITHOUT_GPU();
+  test::TempDir dir;
+  test::write_file(dir / "job.toml", std::string(kLlama) + "[profiling]\nenable = true\nsteps = [2, 2]\n");
+  auto r = test::run_command(test::bin_dir() + "/keel-train --plugin-path " + test::plugin_dir() + " --config " +
+                             (dir / "job.toml") + " --set training.device=\\\"cuda\\\" --set training.steps=3" +
+                             " --set job.run_dir=\\\"" + (dir / "run") + "\\\"");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const nlohmann::json trace = nlohmann::json::parse(test::read_file(dir / "run/profiles/steps-2-2/rank-0.json"));
+  size_t kernels = 0, forward = 0;
+  for (const nlohmann::json& event : trace.at("traceEvents")) {
+    kernels += event.value("cat", "") == "kernel" ? 1 : 0;
+    forward += event.value("name", "") == "keel::forward" ? 1 : 0;
+  }
+  EXPECT_GT(kernels, 0u) << "no CUDA kernel in the trace";
+  EXPECT_GT(forward, 0u);
 }
 
 TEST(Gpu, CapturedStepProgramIsBitwiseTheEagerOneOver20Steps) {
